@@ -1,0 +1,1 @@
+//! jetrunner pod-worker service

@@ -1,0 +1,1 @@
+//! jetrunner reconciler service

@@ -1,0 +1,1 @@
+//! jetrunner scheduler service

@@ -1,0 +1,1 @@
+//! jetrunner vm-worker service

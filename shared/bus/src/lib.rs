@@ -1,0 +1,1 @@
+//! JetStream bus: streams and consumers declared in code, dedupe and once-only publish, consumer loop

@@ -1,0 +1,1 @@
+//! Configuration: one TOML file for all services, environment overrides, strict validation

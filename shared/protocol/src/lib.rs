@@ -1,0 +1,34 @@
+//! jetrunner's wire vocabulary: the assignment, every event and command, the versioned envelope that
+//! carries them, the subjects they travel on and the CBOR codec. No async and no IO live here, so
+//! every service, the fakes and the `jr decode` tool share one definition of what is on the wire.
+
+mod codec;
+mod ids;
+mod message;
+pub mod subject;
+
+pub use codec::{DecodeError, decode, encode, to_json};
+pub use ids::{AssignmentId, BackendName, InvalidName};
+pub use message::*;
+
+/// The envelope version this build writes. Decoding accepts every version listed in
+/// [`SUPPORTED_SCHEMA_VERSIONS`].
+pub const SCHEMA_VERSION: u32 = 1;
+pub const SUPPORTED_SCHEMA_VERSIONS: &[u32] = &[1];
+
+/// Stream names (design §3).
+pub const STREAM_ASSIGNMENTS: &str = "JR_ASSIGNMENTS";
+pub const STREAM_EVENTS: &str = "JR_EVENTS";
+pub const STREAM_COMMANDS: &str = "JR_COMMANDS";
+
+/// Readable headers repeated on every message so the NATS CLI shows what a message is.
+pub mod header {
+    pub const KIND: &str = "Jr-Kind";
+    pub const ASSIGNMENT: &str = "Jr-Assignment";
+    pub const BACKEND: &str = "Jr-Backend";
+    pub const ATTEMPT: &str = "Jr-Attempt";
+    pub const CONTENT_TYPE: &str = "Content-Type";
+    pub const CBOR: &str = "application/cbor";
+    pub const TRACEPARENT: &str = "traceparent";
+    pub const TRACESTATE: &str = "tracestate";
+}

@@ -1,0 +1,1 @@
+//! Postgres projection store: migrations, tables, idempotent apply per stream sequence

@@ -1,0 +1,1 @@
+//! Tracing, OTLP export, metrics endpoint, shutdown signal and named tasks

@@ -1,0 +1,110 @@
+//! The seam between the worker core and a concrete backend (Kubernetes Pods, OpenSandbox VMs).
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::Duration;
+
+use jr_protocol::{AssignmentId, BackendName, WorkloadPhase};
+use tokio::sync::mpsc;
+
+/// Environment variable names of the executor contract (design §5).
+pub const ENV_FACADE_URL: &str = "JETRUNNER_FACADE_URL";
+pub const ENV_ASSIGNMENT_ID: &str = "JETRUNNER_ASSIGNMENT_ID";
+pub const ENV_RUNNER_TOKEN: &str = "JETRUNNER_RUNNER_TOKEN";
+
+/// Everything a backend needs to create the workload of one assignment attempt.
+#[derive(Clone, Debug)]
+pub struct WorkloadSpec {
+    pub assignment_id: AssignmentId,
+    pub attempt: u32,
+    pub backend: BackendName,
+    pub provider: Option<String>,
+    /// The job's `runs-on` labels (routing already happened; providers may use them).
+    pub labels: Vec<String>,
+    pub max_duration: Duration,
+    /// Identity of the worker process creating it (recorded in metadata).
+    pub worker_id: String,
+    /// URL of the facade the executor talks to.
+    pub facade_url: String,
+    /// The per-attempt executor token. Backends must deliver it so that it is not readable by
+    /// whoever can list workloads (e.g. a Secret owned by the Pod), never log it.
+    pub executor_token: String,
+}
+
+impl WorkloadSpec {
+    /// Deterministic workload name: a redelivered assignment finds the existing workload.
+    pub fn name(&self) -> String {
+        workload_name(self.assignment_id, self.attempt)
+    }
+
+    /// The executor environment of design §5 (token included).
+    pub fn executor_env(&self) -> BTreeMap<String, String> {
+        BTreeMap::from([
+            (ENV_FACADE_URL.to_owned(), self.facade_url.clone()),
+            (ENV_ASSIGNMENT_ID.to_owned(), self.assignment_id.to_string()),
+            (ENV_RUNNER_TOKEN.to_owned(), self.executor_token.clone()),
+        ])
+    }
+}
+
+/// `jr-<assignment uuid>-<attempt>`: a valid DNS-1123 label (≤ 63 characters).
+pub fn workload_name(assignment_id: AssignmentId, attempt: u32) -> String {
+    format!("jr-{assignment_id}-{attempt}")
+}
+
+/// What a backend reports about one of its workloads (from a list, a watch or a poll).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObservedWorkload {
+    /// Backend reference: Pod name or sandbox id.
+    pub workload: String,
+    pub assignment_id: AssignmentId,
+    pub attempt: u32,
+    pub phase: WorkloadPhase,
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// Worth retrying later (network, 5xx, timeouts, conflicts being resolved).
+    #[error("{op}: {message}")]
+    Transient { op: &'static str, message: String, retry_after: Option<Duration> },
+    /// The backend has no room now (e.g. OpenSandbox 429 POOL_CAPACITY_EXHAUSTED): stop pulling
+    /// for `retry_after`; the assignment goes back pending without burning an attempt.
+    #[error("{op}: backend full, retry after {retry_after:?}")]
+    Full { op: &'static str, retry_after: Duration },
+    /// Retrying the same request cannot succeed (bad template, missing pool, quota refused).
+    #[error("{op}: {message}")]
+    Permanent { op: &'static str, message: String },
+}
+
+impl BackendError {
+    /// Low-cardinality label for metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            BackendError::Transient { .. } => "transient",
+            BackendError::Full { .. } => "full",
+            BackendError::Permanent { .. } => "permanent",
+        }
+    }
+}
+
+/// A place where workloads run. Implementations must be idempotent: `create` for an attempt whose
+/// workload already exists returns that workload; `delete` of a missing workload succeeds.
+pub trait Backend: Send + Sync + 'static {
+    /// Creates the workload of `spec` (or finds the existing one) and returns its reference.
+    fn create(&self, spec: &WorkloadSpec) -> impl Future<Output = Result<String, BackendError>> + Send;
+
+    /// Deletes a workload; returns once deletion is accepted. Missing = success.
+    fn delete(&self, workload: &str) -> impl Future<Output = Result<(), BackendError>> + Send;
+
+    /// Lists every workload of ours that still exists (any phase), for start-up recovery.
+    fn list(&self) -> impl Future<Output = Result<Vec<ObservedWorkload>, BackendError>> + Send;
+
+    /// Runs until `shutdown` resolves, sending an observation whenever a workload of ours changes
+    /// phase (or disappears: phase `Gone`). Reconnects/resumes on its own after errors.
+    fn observe(
+        &self,
+        tx: mpsc::Sender<ObservedWorkload>,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> impl Future<Output = ()> + Send;
+}

@@ -1,0 +1,7 @@
+//! Worker core shared by pod-worker and vm-worker. The backend-specific part is the [`Backend`]
+//! trait; everything else (slots, assignment handling, commands, observation publishing,
+//! start-up recovery) is the same for both.
+
+pub mod backend;
+
+pub use backend::{Backend, BackendError, ObservedWorkload, WorkloadSpec, workload_name};

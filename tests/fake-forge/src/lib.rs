@@ -1,0 +1,1 @@
+//! A faithful fake Gitea/Forgejo RunnerService for tests, demo and benchmark

@@ -1,0 +1,1 @@
+//! A fake Kubernetes API server (Pods, Secrets, watch) with a simulation mode

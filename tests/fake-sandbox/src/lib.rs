@@ -1,0 +1,1 @@
+//! A fake OpenSandbox Lifecycle server with a simulation mode

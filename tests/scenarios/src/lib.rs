@@ -1,0 +1,1 @@
+//! Cross-service scenario harness, chaos suite, benchmark and demo
