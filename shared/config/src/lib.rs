@@ -1,1 +1,145 @@
-//! Configuration: one TOML file for all services, environment overrides, strict validation
+//! One TOML file configures all four services (design §6). Environment variables
+//! `JETRUNNER__<SECTION>__<KEY>` override keys (levels separated by `__`). Unknown keys are
+//! refused with an error naming the key; cross-key rules are checked by [`Config::validate`].
+
+mod model;
+mod validate;
+
+use std::path::Path;
+
+pub use model::*;
+
+/// Prefix of environment overrides, e.g. `JETRUNNER__NATS__URL=nats://nats:4222`.
+pub const ENV_PREFIX: &str = "JETRUNNER__";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading {path}: {message}")]
+    Read { path: String, message: String },
+    #[error("{path}: not valid TOML: {message}")]
+    Parse { path: String, message: String },
+    #[error("config key `{key}`: {message}")]
+    Key { key: String, message: String },
+    #[error("environment override {var}: {message}")]
+    Env { var: String, message: String },
+}
+
+impl ConfigError {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ConfigError::Read { .. } => "read",
+            ConfigError::Parse { .. } => "parse",
+            ConfigError::Key { .. } => "key",
+            ConfigError::Env { .. } => "env",
+        }
+    }
+
+    pub(crate) fn key(key: impl Into<String>, message: impl Into<String>) -> Self {
+        ConfigError::Key {
+            key: key.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// Reads, overrides from the process environment, parses and validates the file.
+pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    })?;
+    load_str(&text, &path.display().to_string(), std::env::vars())
+}
+
+/// Like [`load`] with the file text and environment given (tests).
+pub fn load_str(
+    text: &str,
+    origin: &str,
+    env: impl IntoIterator<Item = (String, String)>,
+) -> Result<Config, ConfigError> {
+    let mut table: toml::Table = toml::from_str(text).map_err(|e| ConfigError::Parse {
+        path: origin.to_owned(),
+        message: e.to_string(),
+    })?;
+    apply_env(&mut table, env)?;
+    let config: Config =
+        serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
+            let key = e.path().to_string();
+            ConfigError::key(
+                if key == "." { "<root>".to_owned() } else { key },
+                e.inner().to_string(),
+            )
+        })?;
+    config.validate()?;
+    Ok(config)
+}
+
+fn apply_env(
+    table: &mut toml::Table,
+    env: impl IntoIterator<Item = (String, String)>,
+) -> Result<(), ConfigError> {
+    let mut overrides: Vec<(String, String)> = env
+        .into_iter()
+        .filter(|(k, _)| k.starts_with(ENV_PREFIX))
+        .collect();
+    overrides.sort();
+    for (var, raw) in overrides {
+        let path: Vec<String> = var[ENV_PREFIX.len()..]
+            .split("__")
+            .map(|p| p.to_ascii_lowercase())
+            .collect();
+        if path.iter().any(String::is_empty) {
+            return Err(ConfigError::Env {
+                var,
+                message: "empty key segment".into(),
+            });
+        }
+        let value = parse_scalar(&raw);
+        let (last, parents) = path.split_last().ok_or_else(|| ConfigError::Env {
+            var: var.clone(),
+            message: "no key".into(),
+        })?;
+        let mut cursor = &mut *table;
+        for segment in parents {
+            let entry = cursor
+                .entry(segment.clone())
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            cursor = entry.as_table_mut().ok_or_else(|| ConfigError::Env {
+                var: var.clone(),
+                message: format!("`{segment}` is not a table"),
+            })?;
+        }
+        cursor.insert(last.clone(), value);
+    }
+    Ok(())
+}
+
+/// An override is read as a TOML value when it is one (`5`, `true`, `["a"]`), else as a string.
+fn parse_scalar(raw: &str) -> toml::Value {
+    let probe = format!("v = {raw}");
+    match toml::from_str::<toml::Table>(&probe) {
+        Ok(mut t) => t
+            .remove("v")
+            .unwrap_or_else(|| toml::Value::String(raw.to_owned())),
+        Err(_) => toml::Value::String(raw.to_owned()),
+    }
+}
+
+/// Reads a secret given inline or as a file path (files win; trailing newline trimmed).
+pub fn read_secret(
+    key: &str,
+    inline: &Option<String>,
+    file: &Option<std::path::PathBuf>,
+) -> Result<Option<String>, ConfigError> {
+    if let Some(path) = file {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
+            path: format!("{} (from `{key}_file`)", path.display()),
+            message: e.to_string(),
+        })?;
+        return Ok(Some(text.trim_end_matches(['\n', '\r']).to_owned()));
+    }
+    Ok(inline.clone())
+}
+
+#[cfg(test)]
+mod tests;

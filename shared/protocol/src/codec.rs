@@ -84,8 +84,14 @@ pub fn encode(envelope: &Envelope) -> Vec<u8> {
     out
 }
 
-fn body<T: for<'de> Deserialize<'de>>(kind: Kind, value: ciborium::Value) -> Result<T, DecodeError> {
-    value.deserialized().map_err(|e| DecodeError::Body { kind, reason: e.to_string() })
+fn body<T: for<'de> Deserialize<'de>>(
+    kind: Kind,
+    value: ciborium::Value,
+) -> Result<T, DecodeError> {
+    value.deserialized().map_err(|e| DecodeError::Body {
+        kind,
+        reason: e.to_string(),
+    })
 }
 
 pub fn decode(bytes: &[u8]) -> Result<Envelope, DecodeError> {
@@ -94,7 +100,8 @@ pub fn decode(bytes: &[u8]) -> Result<Envelope, DecodeError> {
     if !crate::SUPPORTED_SCHEMA_VERSIONS.contains(&wire.schema_version) {
         return Err(DecodeError::UnsupportedVersion(wire.schema_version));
     }
-    let kind = Kind::parse(&wire.kind).ok_or_else(|| DecodeError::UnknownKind(wire.kind.clone()))?;
+    let kind =
+        Kind::parse(&wire.kind).ok_or_else(|| DecodeError::UnknownKind(wire.kind.clone()))?;
     let v = wire.body;
     let message = match kind {
         Kind::Assignment => Message::Assignment(body(kind, v)?),
@@ -134,7 +141,9 @@ pub fn to_json(envelope: &Envelope) -> serde_json::Value {
         }
         other => {
             let value = body_value(other);
-            value.deserialized::<serde_json::Value>().unwrap_or_default()
+            value
+                .deserialized::<serde_json::Value>()
+                .unwrap_or_default()
         }
     };
     serde_json::json!({

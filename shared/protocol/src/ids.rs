@@ -42,7 +42,9 @@ impl Serialize for AssignmentId {
 impl<'de> Deserialize<'de> for AssignmentId {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let text = String::deserialize(d)?;
-        Uuid::parse_str(&text).map(Self).map_err(serde::de::Error::custom)
+        Uuid::parse_str(&text)
+            .map(Self)
+            .map_err(serde::de::Error::custom)
     }
 }
 
@@ -64,7 +66,11 @@ impl BackendName {
             && name
                 .chars()
                 .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
-        if valid { Ok(Self(name)) } else { Err(InvalidName(name)) }
+        if valid {
+            Ok(Self(name))
+        } else {
+            Err(InvalidName(name))
+        }
     }
 
     pub fn as_str(&self) -> &str {

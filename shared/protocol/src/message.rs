@@ -114,7 +114,10 @@ impl Kind {
     }
 
     pub fn is_event(self) -> bool {
-        !matches!(self, Kind::Assignment | Kind::DeleteWorkload | Kind::FailTask)
+        !matches!(
+            self,
+            Kind::Assignment | Kind::DeleteWorkload | Kind::FailTask
+        )
     }
 }
 

@@ -40,9 +40,19 @@ pub fn commands_for(target: &str) -> String {
 /// What a subject says about its message.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ParsedSubject {
-    Assignment { backend: BackendName, id: AssignmentId },
-    Event { backend: BackendName, id: AssignmentId, kind: Kind },
-    Command { target: String, kind: Kind },
+    Assignment {
+        backend: BackendName,
+        id: AssignmentId,
+    },
+    Event {
+        backend: BackendName,
+        id: AssignmentId,
+        kind: Kind,
+    },
+    Command {
+        target: String,
+        kind: Kind,
+    },
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -82,22 +92,39 @@ mod tests {
         let id = AssignmentId::for_task("https://f", 7);
         assert_eq!(
             parse(&assignment(&backend, id)),
-            Ok(ParsedSubject::Assignment { backend: backend.clone(), id })
+            Ok(ParsedSubject::Assignment {
+                backend: backend.clone(),
+                id
+            })
         );
         assert_eq!(
             parse(&event(&backend, id, Kind::Claimed)),
-            Ok(ParsedSubject::Event { backend, id, kind: Kind::Claimed })
+            Ok(ParsedSubject::Event {
+                backend,
+                id,
+                kind: Kind::Claimed
+            })
         );
         assert_eq!(
             parse(&command(SCHEDULER_TARGET, Kind::FailTask)),
-            Ok(ParsedSubject::Command { target: "scheduler".into(), kind: Kind::FailTask })
+            Ok(ParsedSubject::Command {
+                target: "scheduler".into(),
+                kind: Kind::FailTask
+            })
         );
     }
 
     #[test]
     fn foreign_subjects_are_refused() {
-        for s in ["", "jr", "jr.assignment.pod", "jr.assignment.pod.not-a-uuid", "x.event.a.b.c",
-            "jr.event.pod.6a2f4c1e-9b7d-4e0a-8f3c-5d217e90b4a1.assignment", "jr.command.pod.claimed"] {
+        for s in [
+            "",
+            "jr",
+            "jr.assignment.pod",
+            "jr.assignment.pod.not-a-uuid",
+            "x.event.a.b.c",
+            "jr.event.pod.6a2f4c1e-9b7d-4e0a-8f3c-5d217e90b4a1.assignment",
+            "jr.command.pod.claimed",
+        ] {
             assert!(parse(s).is_err(), "{s} parsed");
         }
     }

@@ -1,0 +1,402 @@
+//! The configuration file's shape. Every struct refuses unknown keys; every key is documented in
+//! docs/configuration.md (keep the two in step).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use jr_protocol::BackendName;
+use serde::Deserialize;
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub nats: NatsConfig,
+    #[serde(default)]
+    pub database: DatabaseConfig,
+    pub forge: ForgeConfig,
+    pub facade: FacadeConfig,
+    #[serde(default)]
+    pub routing: RoutingConfig,
+    #[serde(default)]
+    pub backend: BTreeMap<String, BackendConfig>,
+    #[serde(default)]
+    pub scheduler: SchedulerConfig,
+    #[serde(default)]
+    pub pod_worker: WorkerConfig,
+    #[serde(default)]
+    pub vm_worker: WorkerConfig,
+    #[serde(default)]
+    pub reconciler: ReconcilerConfig,
+    #[serde(default)]
+    pub telemetry: TelemetryConfig,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NatsConfig {
+    pub url: String,
+    #[serde(default)]
+    pub credentials_file: Option<PathBuf>,
+    #[serde(default = "one")]
+    pub stream_replicas: usize,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatabaseConfig {
+    #[serde(default = "default_database_url")]
+    pub url: String,
+    #[serde(default = "default_db_pool")]
+    pub max_connections: u32,
+}
+
+impl Default for DatabaseConfig {
+    fn default() -> Self {
+        Self {
+            url: default_database_url(),
+            max_connections: default_db_pool(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForgeConfig {
+    pub url: String,
+    #[serde(default = "default_runner_name")]
+    pub runner_name: String,
+    /// Registration token (inline); or `registration_token_file`.
+    #[serde(default)]
+    pub registration_token: Option<String>,
+    #[serde(default)]
+    pub registration_token_file: Option<PathBuf>,
+    /// Pre-made runner credentials (skip registration).
+    #[serde(default)]
+    pub runner_uuid: Option<String>,
+    #[serde(default)]
+    pub runner_token: Option<String>,
+    #[serde(default)]
+    pub runner_token_file: Option<PathBuf>,
+    /// Where registered credentials are persisted (JSON with uuid and token).
+    #[serde(default = "default_credentials_file")]
+    pub credentials_file: PathBuf,
+    /// Concurrent fetchers; default = total capacity of all enabled backends.
+    #[serde(default)]
+    pub fetchers: Option<usize>,
+    #[serde(default = "two_s", with = "humantime_serde")]
+    pub poll_interval: Duration,
+    #[serde(default = "ten_s", with = "humantime_serde")]
+    pub max_backoff: Duration,
+    #[serde(default = "ten_s", with = "humantime_serde")]
+    pub request_timeout: Duration,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum FacadeAuthMode {
+    Token,
+    Spiffe,
+    Both,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FacadeConfig {
+    pub listen: SocketAddr,
+    /// URL executors use to reach the facade (their runner `address`).
+    pub public_url: String,
+    #[serde(default = "default_auth_mode")]
+    pub mode: FacadeAuthMode,
+    #[serde(default)]
+    pub tls_cert_file: Option<PathBuf>,
+    #[serde(default)]
+    pub tls_key_file: Option<PathBuf>,
+    /// PEM bundle of CAs that issue executor (SPIFFE) certificates.
+    #[serde(default)]
+    pub trust_bundle_file: Option<PathBuf>,
+    #[serde(default)]
+    pub trust_domain: Option<String>,
+    /// Serve plain HTTP. For development only; refused unless set explicitly.
+    #[serde(default)]
+    pub insecure_plain_http: bool,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RoutingConfig {
+    /// Evaluated in order; the first rule whose label is among the job's `runs-on` labels wins.
+    #[serde(default)]
+    pub rules: Vec<RoutingRule>,
+    /// Backend for jobs no rule matches; when unset such jobs are failed with an explanation.
+    #[serde(default)]
+    pub default_backend: Option<String>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RoutingRule {
+    pub label: String,
+    pub backend: String,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum BackendKind {
+    Pod,
+    Vm,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendConfig {
+    pub kind: BackendKind,
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// Maximum live workloads of this backend.
+    pub capacity: usize,
+    /// Labels declared to the forge for this backend (default: the backend name).
+    #[serde(default)]
+    pub labels: Vec<String>,
+    #[serde(default = "three_h", with = "humantime_serde")]
+    pub max_duration: Duration,
+    #[serde(default)]
+    pub providers: Vec<ProviderConfig>,
+    /// Runner block defaults (Pod template fragment for pod backends).
+    #[serde(default)]
+    pub runner: Option<toml::Table>,
+    #[serde(default)]
+    pub kubernetes: Option<KubernetesConfig>,
+    #[serde(default)]
+    pub opensandbox: Option<OpenSandboxConfig>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderConfig {
+    pub name: String,
+    #[serde(default = "one_u32")]
+    pub weight: u32,
+    #[serde(default)]
+    pub max_runners: Option<usize>,
+    #[serde(default)]
+    pub disabled: bool,
+    /// Per-provider overrides layered over the backend's runner block.
+    #[serde(default)]
+    pub runner: Option<toml::Table>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KubernetesConfig {
+    pub namespace: String,
+    /// API server URL; when unset the in-cluster service account / kubeconfig is used.
+    #[serde(default)]
+    pub api_url: Option<String>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OpenSandboxConfig {
+    pub url: String,
+    #[serde(default)]
+    pub api_key: Option<String>,
+    #[serde(default)]
+    pub api_key_file: Option<PathBuf>,
+    #[serde(default = "default_pool")]
+    pub pool: String,
+    #[serde(default = "two_s", with = "humantime_serde")]
+    pub poll_interval: Duration,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SchedulerConfig {
+    #[serde(default = "default_scheduler_ops")]
+    pub ops_listen: SocketAddr,
+    /// Id of the key that seals new assignments (must be in `seal_keys`).
+    #[serde(default)]
+    pub seal_key_id: Option<String>,
+    /// key id → base64 of 32 random bytes. Older keys stay listed to open in-flight assignments.
+    #[serde(default)]
+    pub seal_keys: BTreeMap<String, String>,
+    /// Alternative to `seal_keys`: a TOML file holding the same table (e.g. a mounted Secret).
+    #[serde(default)]
+    pub seal_keys_file: Option<PathBuf>,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        Self {
+            ops_listen: default_scheduler_ops(),
+            seal_key_id: None,
+            seal_keys: BTreeMap::new(),
+            seal_keys_file: None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerConfig {
+    /// Which `[backend.<name>]` this worker serves (default: `pod` / `vm`).
+    #[serde(default)]
+    pub backend: Option<String>,
+    #[serde(default)]
+    pub ops_listen: Option<SocketAddr>,
+    /// Worker identity in workload metadata; default: host name.
+    #[serde(default)]
+    pub worker_id: Option<String>,
+    /// Secret from which per-attempt executor tokens are derived (HMAC), base64 of ≥ 32 bytes.
+    #[serde(default)]
+    pub token_key: Option<String>,
+    #[serde(default)]
+    pub token_key_file: Option<PathBuf>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReconcilerConfig {
+    #[serde(default = "default_reconciler_ops")]
+    pub ops_listen: SocketAddr,
+    #[serde(default = "default_status_listen")]
+    pub status_listen: SocketAddr,
+    #[serde(default = "default_claim_timeout", with = "humantime_serde")]
+    pub claim_timeout: Duration,
+    #[serde(default = "default_terminal_grace", with = "humantime_serde")]
+    pub terminal_grace: Duration,
+    #[serde(default = "default_lost_timeout", with = "humantime_serde")]
+    pub lost_timeout: Duration,
+    #[serde(default = "default_unreachable_hold", with = "humantime_serde")]
+    pub unreachable_hold: Duration,
+    #[serde(default = "default_max_attempts")]
+    pub max_attempts: u32,
+    #[serde(default = "default_plan_interval", with = "humantime_serde")]
+    pub plan_interval: Duration,
+    #[serde(default = "default_batch")]
+    pub max_batch: usize,
+}
+
+impl Default for ReconcilerConfig {
+    fn default() -> Self {
+        Self {
+            ops_listen: default_reconciler_ops(),
+            status_listen: default_status_listen(),
+            claim_timeout: default_claim_timeout(),
+            terminal_grace: default_terminal_grace(),
+            lost_timeout: default_lost_timeout(),
+            unreachable_hold: default_unreachable_hold(),
+            max_attempts: default_max_attempts(),
+            plan_interval: default_plan_interval(),
+            max_batch: default_batch(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum LogFormat {
+    #[default]
+    Json,
+    Pretty,
+}
+
+#[derive(Clone, Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct TelemetryConfig {
+    #[serde(default)]
+    pub log_format: LogFormat,
+    #[serde(default)]
+    pub log_filter: Option<String>,
+    #[serde(default)]
+    pub otlp_endpoint: Option<String>,
+}
+
+impl BackendConfig {
+    /// Labels declared to the forge: the configured ones, or the backend name.
+    pub fn declared_labels(&self, name: &str) -> Vec<String> {
+        if self.labels.is_empty() {
+            vec![name.to_owned()]
+        } else {
+            self.labels.clone()
+        }
+    }
+}
+
+impl Config {
+    /// Enabled backends with their validated names.
+    pub fn enabled_backends(&self) -> impl Iterator<Item = (BackendName, &BackendConfig)> {
+        self.backend
+            .iter()
+            .filter(|(_, b)| b.enabled)
+            .filter_map(|(n, b)| BackendName::new(n.clone()).ok().map(|n| (n, b)))
+    }
+}
+
+fn one() -> usize {
+    1
+}
+fn one_u32() -> u32 {
+    1
+}
+fn yes() -> bool {
+    true
+}
+fn two_s() -> Duration {
+    Duration::from_secs(2)
+}
+fn ten_s() -> Duration {
+    Duration::from_secs(10)
+}
+fn three_h() -> Duration {
+    Duration::from_secs(3 * 3600)
+}
+fn default_database_url() -> String {
+    "postgres://postgres@127.0.0.1:5432/jetrunner".into()
+}
+fn default_db_pool() -> u32 {
+    8
+}
+fn default_runner_name() -> String {
+    "jetrunner".into()
+}
+fn default_credentials_file() -> PathBuf {
+    PathBuf::from("jetrunner-runner.json")
+}
+fn default_auth_mode() -> FacadeAuthMode {
+    FacadeAuthMode::Token
+}
+fn default_pool() -> String {
+    "ci-vm".into()
+}
+fn default_scheduler_ops() -> SocketAddr {
+    SocketAddr::from(([0, 0, 0, 0], 9101))
+}
+fn default_reconciler_ops() -> SocketAddr {
+    SocketAddr::from(([0, 0, 0, 0], 9104))
+}
+fn default_status_listen() -> SocketAddr {
+    SocketAddr::from(([0, 0, 0, 0], 8090))
+}
+fn default_claim_timeout() -> Duration {
+    Duration::from_secs(120)
+}
+fn default_terminal_grace() -> Duration {
+    Duration::from_secs(30)
+}
+fn default_lost_timeout() -> Duration {
+    Duration::from_secs(60)
+}
+fn default_unreachable_hold() -> Duration {
+    Duration::from_secs(300)
+}
+fn default_max_attempts() -> u32 {
+    3
+}
+fn default_plan_interval() -> Duration {
+    Duration::from_secs(2)
+}
+fn default_batch() -> usize {
+    512
+}

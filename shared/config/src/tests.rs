@@ -1,0 +1,158 @@
+use super::*;
+
+const MINIMAL: &str = r#"
+[nats]
+url = "nats://127.0.0.1:4222"
+
+[forge]
+url = "http://127.0.0.1:3000"
+registration_token = "abc"
+
+[facade]
+listen = "127.0.0.1:8080"
+public_url = "http://127.0.0.1:8080"
+insecure_plain_http = true
+
+[[routing.rules]]
+label = "vm"
+backend = "vm"
+
+[[routing.rules]]
+label = "pod"
+backend = "pod"
+
+[backend.pod]
+kind = "pod"
+capacity = 20
+kubernetes = { namespace = "jobs" }
+
+[backend.vm]
+kind = "vm"
+capacity = 15
+opensandbox = { url = "http://127.0.0.1:8081" }
+"#;
+
+fn load_env(text: &str, env: &[(&str, &str)]) -> Result<Config, ConfigError> {
+    load_str(
+        text,
+        "test.toml",
+        env.iter().map(|(k, v)| (k.to_string(), v.to_string())),
+    )
+}
+
+#[test]
+fn minimal_file_loads_with_defaults() {
+    let c = load_env(MINIMAL, &[]).expect("valid");
+    assert_eq!(c.backend["pod"].capacity, 20);
+    assert_eq!(
+        c.backend["vm"]
+            .opensandbox
+            .as_ref()
+            .map(|o| o.pool.as_str()),
+        Some("ci-vm")
+    );
+    assert_eq!(c.reconciler.max_attempts, 3);
+    assert_eq!(c.enabled_backends().count(), 2);
+}
+
+#[test]
+fn unknown_key_is_refused_with_its_path() {
+    let text = MINIMAL.replace("capacity = 20", "capacity = 20\ncapacty = 3");
+    let err = load_env(&text, &[]).expect_err("typo must be refused");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("backend.pod") && msg.contains("capacty"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn environment_overrides_keys_with_typed_values() {
+    let c = load_env(
+        MINIMAL,
+        &[
+            ("JETRUNNER__BACKEND__POD__CAPACITY", "5"),
+            ("JETRUNNER__NATS__URL", "nats://nats:4222"),
+        ],
+    )
+    .expect("valid");
+    assert_eq!(c.backend["pod"].capacity, 5);
+    assert_eq!(c.nats.url, "nats://nats:4222");
+}
+
+#[test]
+fn environment_override_of_unknown_key_is_refused() {
+    let err = load_env(MINIMAL, &[("JETRUNNER__NATS__URLL", "x")]).expect_err("unknown");
+    assert!(err.to_string().contains("urll"), "{err}");
+}
+
+#[test]
+fn duplicate_providers_are_refused() {
+    let text = format!(
+        "{MINIMAL}\n[[backend.pod.providers]]\nname = \"a\"\n[[backend.pod.providers]]\nname = \"a\"\n"
+    );
+    let err = load_env(&text, &[]).expect_err("duplicate");
+    assert!(
+        err.to_string().contains("backend.pod.providers[1].name"),
+        "{err}"
+    );
+}
+
+#[test]
+fn routing_to_a_missing_backend_is_refused() {
+    let text = MINIMAL.replace("backend = \"vm\"", "backend = \"vmm\"");
+    let err = load_env(&text, &[]).expect_err("missing backend");
+    assert!(
+        err.to_string().contains("routing.rules[0].backend"),
+        "{err}"
+    );
+}
+
+#[test]
+fn plain_http_facade_needs_explicit_opt_in() {
+    let text = MINIMAL.replace("insecure_plain_http = true", "");
+    let err = load_env(&text, &[]).expect_err("plain http");
+    assert!(err.to_string().contains("facade.tls_cert_file"), "{err}");
+}
+
+#[test]
+fn spiffe_mode_requires_trust_bundle_and_domain() {
+    let text = MINIMAL.replace(
+        "insecure_plain_http = true",
+        "mode = \"spiffe\"\ntls_cert_file = \"c.pem\"\ntls_key_file = \"k.pem\"",
+    );
+    let err = load_env(&text, &[]).expect_err("spiffe");
+    assert!(err.to_string().contains("trust_bundle_file"), "{err}");
+}
+
+#[test]
+fn pod_backend_without_kubernetes_section_is_refused() {
+    let text = MINIMAL.replace("kubernetes = { namespace = \"jobs\" }", "");
+    let err = load_env(&text, &[]).expect_err("pod without kubernetes");
+    assert!(err.to_string().contains("backend.pod.kubernetes"), "{err}");
+}
+
+#[test]
+fn invalid_backend_name_is_refused() {
+    let text = MINIMAL
+        .replace("[backend.vm]", "[backend.\"VM.x\"]")
+        .replace("backend = \"vm\"", "backend = \"pod\"");
+    let err = load_env(&text, &[]).expect_err("bad name");
+    assert!(err.to_string().contains("backend.VM.x"), "{err}");
+}
+
+#[test]
+fn example_configs_in_the_repository_are_valid() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&root).expect("config/ exists") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            let text = std::fs::read_to_string(&path).expect("readable");
+            load_str(&text, &path.display().to_string(), std::iter::empty())
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            seen += 1;
+        }
+    }
+    assert!(seen > 0, "no example configs found");
+}

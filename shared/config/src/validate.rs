@@ -1,0 +1,178 @@
+//! Cross-key rules that serde cannot express. Every error names the offending key.
+
+use std::collections::BTreeSet;
+
+use jr_protocol::BackendName;
+
+use crate::{BackendKind, Config, ConfigError, FacadeAuthMode};
+
+impl Config {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if !self.nats.url.starts_with("nats://") && !self.nats.url.starts_with("tls://") {
+            return Err(ConfigError::key(
+                "nats.url",
+                "must start with nats:// or tls://",
+            ));
+        }
+        if !self.forge.url.starts_with("http://") && !self.forge.url.starts_with("https://") {
+            return Err(ConfigError::key(
+                "forge.url",
+                "must be an http:// or https:// URL",
+            ));
+        }
+        if self.forge.runner_uuid.is_some()
+            != (self.forge.runner_token.is_some() || self.forge.runner_token_file.is_some())
+        {
+            return Err(ConfigError::key(
+                "forge.runner_uuid",
+                "give runner_uuid together with runner_token (or runner_token_file), or neither",
+            ));
+        }
+        self.validate_facade()?;
+        self.validate_backends()?;
+        self.validate_routing()?;
+        if self.reconciler.max_attempts == 0 {
+            return Err(ConfigError::key(
+                "reconciler.max_attempts",
+                "must be at least 1",
+            ));
+        }
+        if let Some(id) = &self.scheduler.seal_key_id
+            && self.scheduler.seal_keys_file.is_none()
+            && !self.scheduler.seal_keys.contains_key(id)
+        {
+            return Err(ConfigError::key(
+                "scheduler.seal_key_id",
+                format!("key id {id:?} is not in scheduler.seal_keys"),
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_facade(&self) -> Result<(), ConfigError> {
+        let f = &self.facade;
+        if f.tls_cert_file.is_some() != f.tls_key_file.is_some() {
+            return Err(ConfigError::key(
+                "facade.tls_cert_file",
+                "give tls_cert_file and tls_key_file together",
+            ));
+        }
+        let tls = f.tls_cert_file.is_some();
+        if !tls && !f.insecure_plain_http {
+            return Err(ConfigError::key(
+                "facade.tls_cert_file",
+                "the facade serves HTTPS: set tls_cert_file/tls_key_file (or insecure_plain_http = true for development)",
+            ));
+        }
+        if matches!(f.mode, FacadeAuthMode::Spiffe | FacadeAuthMode::Both) {
+            if !tls {
+                return Err(ConfigError::key(
+                    "facade.mode",
+                    "spiffe mode needs TLS (tls_cert_file/tls_key_file)",
+                ));
+            }
+            if f.trust_bundle_file.is_none() {
+                return Err(ConfigError::key(
+                    "facade.trust_bundle_file",
+                    "required in spiffe mode",
+                ));
+            }
+            if f.trust_domain.as_deref().is_none_or(str::is_empty) {
+                return Err(ConfigError::key(
+                    "facade.trust_domain",
+                    "required in spiffe mode",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_backends(&self) -> Result<(), ConfigError> {
+        if self.backend.values().all(|b| !b.enabled) {
+            return Err(ConfigError::key(
+                "backend",
+                "at least one enabled backend is required",
+            ));
+        }
+        for (name, b) in &self.backend {
+            let key = |k: &str| format!("backend.{name}.{k}");
+            BackendName::new(name.clone())
+                .map_err(|e| ConfigError::key(format!("backend.{name}"), e.to_string()))?;
+            if b.capacity == 0 {
+                return Err(ConfigError::key(key("capacity"), "must be at least 1"));
+            }
+            match b.kind {
+                BackendKind::Pod => {
+                    if b.kubernetes.is_none() {
+                        return Err(ConfigError::key(
+                            key("kubernetes"),
+                            "required for kind = \"pod\"",
+                        ));
+                    }
+                    if b.opensandbox.is_some() {
+                        return Err(ConfigError::key(
+                            key("opensandbox"),
+                            "only for kind = \"vm\"",
+                        ));
+                    }
+                }
+                BackendKind::Vm => {
+                    if b.opensandbox.is_none() {
+                        return Err(ConfigError::key(
+                            key("opensandbox"),
+                            "required for kind = \"vm\"",
+                        ));
+                    }
+                    if b.kubernetes.is_some() {
+                        return Err(ConfigError::key(
+                            key("kubernetes"),
+                            "only for kind = \"pod\"",
+                        ));
+                    }
+                }
+            }
+            let mut seen = BTreeSet::new();
+            for (i, p) in b.providers.iter().enumerate() {
+                if !seen.insert(p.name.as_str()) {
+                    return Err(ConfigError::key(
+                        format!("backend.{name}.providers[{i}].name"),
+                        format!("duplicate provider {:?}", p.name),
+                    ));
+                }
+                if p.max_runners.is_some_and(|m| m > b.capacity) {
+                    return Err(ConfigError::key(
+                        format!("backend.{name}.providers[{i}].max_runners"),
+                        "exceeds the backend's capacity",
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_routing(&self) -> Result<(), ConfigError> {
+        let enabled: BTreeSet<&str> = self
+            .backend
+            .iter()
+            .filter(|(_, b)| b.enabled)
+            .map(|(n, _)| n.as_str())
+            .collect();
+        for (i, rule) in self.routing.rules.iter().enumerate() {
+            if !self.backend.contains_key(&rule.backend) {
+                return Err(ConfigError::key(
+                    format!("routing.rules[{i}].backend"),
+                    format!("no backend named {:?}", rule.backend),
+                ));
+            }
+        }
+        if let Some(d) = &self.routing.default_backend
+            && !enabled.contains(d.as_str())
+        {
+            return Err(ConfigError::key(
+                "routing.default_backend",
+                format!("no enabled backend named {d:?}"),
+            ));
+        }
+        Ok(())
+    }
+}
