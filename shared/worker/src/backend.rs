@@ -67,11 +67,18 @@ pub struct ObservedWorkload {
 pub enum BackendError {
     /// Worth retrying later (network, 5xx, timeouts, conflicts being resolved).
     #[error("{op}: {message}")]
-    Transient { op: &'static str, message: String, retry_after: Option<Duration> },
+    Transient {
+        op: &'static str,
+        message: String,
+        retry_after: Option<Duration>,
+    },
     /// The backend has no room now (e.g. OpenSandbox 429 POOL_CAPACITY_EXHAUSTED): stop pulling
     /// for `retry_after`; the assignment goes back pending without burning an attempt.
     #[error("{op}: backend full, retry after {retry_after:?}")]
-    Full { op: &'static str, retry_after: Duration },
+    Full {
+        op: &'static str,
+        retry_after: Duration,
+    },
     /// Retrying the same request cannot succeed (bad template, missing pool, quota refused).
     #[error("{op}: {message}")]
     Permanent { op: &'static str, message: String },
@@ -92,7 +99,10 @@ impl BackendError {
 /// workload already exists returns that workload; `delete` of a missing workload succeeds.
 pub trait Backend: Send + Sync + 'static {
     /// Creates the workload of `spec` (or finds the existing one) and returns its reference.
-    fn create(&self, spec: &WorkloadSpec) -> impl Future<Output = Result<String, BackendError>> + Send;
+    fn create(
+        &self,
+        spec: &WorkloadSpec,
+    ) -> impl Future<Output = Result<String, BackendError>> + Send;
 
     /// Deletes a workload; returns once deletion is accepted. Missing = success.
     fn delete(&self, workload: &str) -> impl Future<Output = Result<(), BackendError>> + Send;

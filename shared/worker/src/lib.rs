@@ -3,5 +3,10 @@
 //! start-up recovery) is the same for both.
 
 pub mod backend;
+mod core;
+pub mod slots;
+pub mod token;
 
 pub use backend::{Backend, BackendError, ObservedWorkload, WorkloadSpec, workload_name};
+pub use core::{Worker, WorkerError, WorkerSettings, WorkerStats};
+pub use token::{TokenKey, token_hash};

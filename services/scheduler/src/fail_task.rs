@@ -1,0 +1,68 @@
+//! The `fail-task` command: the reconciler decided a task's workload is lost. Unless the task is
+//! already terminal, mark it terminal (once-only, so an executor's late result and this command
+//! cannot both win), report the failure to the forge and publish `task-failed`.
+
+use jr_bus::{Bus, Delivery, Disposition, PublishOnce};
+use jr_forge::ForgeClient;
+use jr_protocol::{Envelope, FailTask, Kind, Message, TaskFailed, TaskResult, Terminal, TerminalSource, subject};
+use std::time::Duration;
+
+use crate::forge_report::report_failure;
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+pub async fn handle(bus: &Bus, forge: &ForgeClient, delivery: Delivery) -> Disposition {
+    let envelope = delivery.envelope;
+    let Message::FailTask(FailTask { forge_task_id, backend, reason }) = envelope.message else {
+        return Disposition::Term(format!("{} is not a fail-task command", envelope.kind()));
+    };
+    let id = envelope.assignment_id;
+    let terminal = Envelope::new(
+        format!("terminal:{id}:fail-task"),
+        now_ms(),
+        id,
+        envelope.attempt,
+        Message::Terminal(Terminal {
+            forge_task_id,
+            result: TaskResult::Failure,
+            source: TerminalSource::FailTask,
+            log_closed: true,
+            reason: Some(reason.clone()),
+        }),
+    );
+    match bus.publish_once(&subject::event(&backend, id, Kind::Terminal), &terminal).await {
+        Ok(PublishOnce::Published { .. } | PublishOnce::Duplicate { .. }) => {}
+        Ok(PublishOnce::AlreadyExists { .. }) => {
+            tracing::info!(assignment = %id, "task already terminal; fail-task not needed");
+            return Disposition::Ack;
+        }
+        Err(e) => {
+            tracing::warn!(assignment = %id, error = %e, "cannot publish terminal; retrying");
+            return Disposition::Nak(Some(Duration::from_secs(2)));
+        }
+    }
+    match report_failure(forge, forge_task_id, &[reason.clone()]).await {
+        Ok(result) => tracing::info!(assignment = %id, task = forge_task_id, ?result, %reason, "failure reported to the forge"),
+        Err(e) if e.is_retryable() => {
+            tracing::warn!(assignment = %id, error = %e, "forge unavailable; retrying fail-task");
+            return Disposition::Nak(Some(Duration::from_secs(5)));
+        }
+        Err(e) => tracing::warn!(assignment = %id, error = %e, "forge refused the failure report; the task stays failed here"),
+    }
+    let failed = Envelope::new(
+        format!("task-failed:{id}"),
+        now_ms(),
+        id,
+        envelope.attempt,
+        Message::TaskFailed(TaskFailed { forge_task_id, reason }),
+    );
+    match bus.publish(&subject::event(&backend, id, Kind::TaskFailed), &failed).await {
+        Ok(_) => Disposition::Ack,
+        Err(e) => {
+            tracing::warn!(assignment = %id, error = %e, "cannot publish task-failed; retrying");
+            Disposition::Nak(Some(Duration::from_secs(2)))
+        }
+    }
+}

@@ -1,0 +1,162 @@
+//! Runner registration with the forge: pre-made credentials, persisted ones, or a registration
+//! token used once; then `Declare` of every enabled backend's labels at each start.
+
+use std::path::Path;
+use std::time::Duration;
+
+use jr_config::ForgeConfig;
+use jr_forge::proto::ping::v1::PingRequest;
+use jr_forge::proto::runner::v1::{DeclareRequest, RegisterRequest};
+use jr_forge::{Credentials, ForgeClient, ForgeError};
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+pub const RUNNER_VERSION: &str = concat!("jetrunner-", env!("CARGO_PKG_VERSION"));
+
+#[derive(Debug, thiserror::Error)]
+pub enum RegistrationError {
+    #[error(
+        "no runner credentials: set forge.registration_token (or registration_token_file) to register, \
+         or forge.runner_uuid + forge.runner_token"
+    )]
+    NoCredentials,
+    #[error(
+        "the forge does not know runner {uuid} (deleted, or stale credentials). Remove {file} and \
+         restart with a valid forge.registration_token, or configure fresh forge.runner_uuid/runner_token"
+    )]
+    Unregistered { uuid: String, file: String },
+    #[error("registration refused by the forge: {0}")]
+    Refused(#[source] ForgeError),
+    #[error("credentials file {path}: {message}")]
+    CredentialsFile { path: String, message: String },
+    #[error("config: {0}")]
+    Config(#[from] jr_config::ConfigError),
+    #[error("forge client: {0}")]
+    Client(#[source] ForgeError),
+    #[error("shut down while waiting for the forge")]
+    Shutdown,
+}
+
+#[derive(Serialize, Deserialize)]
+struct StoredCredentials {
+    uuid: String,
+    token: String,
+    #[serde(default)]
+    id: i64,
+}
+
+fn read_stored(path: &Path) -> Result<Option<Credentials>, RegistrationError> {
+    let err = |message: String| RegistrationError::CredentialsFile { path: path.display().to_string(), message };
+    match std::fs::read_to_string(path) {
+        Ok(text) => {
+            let stored: StoredCredentials = serde_json::from_str(&text).map_err(|e| err(e.to_string()))?;
+            Ok(Some(Credentials { uuid: stored.uuid, token: stored.token }))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(err(e.to_string())),
+    }
+}
+
+/// Writes atomically (temp file + rename), readable by the owner only.
+fn write_stored(path: &Path, creds: &Credentials, id: i64) -> Result<(), RegistrationError> {
+    let err = |message: String| RegistrationError::CredentialsFile { path: path.display().to_string(), message };
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| err(e.to_string()))?;
+    }
+    let text = serde_json::to_string_pretty(&StoredCredentials { uuid: creds.uuid.clone(), token: creds.token.clone(), id })
+        .map_err(|e| err(e.to_string()))?;
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).map_err(|e| err(e.to_string()))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600)).map_err(|e| err(e.to_string()))?;
+    }
+    std::fs::rename(&tmp, path).map_err(|e| err(e.to_string()))
+}
+
+/// Waits until the forge answers Ping, retrying with capped backoff (the forge may be starting).
+async fn wait_for_forge(client: &ForgeClient, name: &str, shutdown: &CancellationToken) -> Result<(), RegistrationError> {
+    let mut delay = Duration::from_millis(200);
+    loop {
+        match client.ping(&PingRequest { data: name.to_owned() }).await {
+            Ok(_) => return Ok(()),
+            Err(e) => tracing::warn!(error = %e, retry_in = ?delay, "forge not reachable yet"),
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return Err(RegistrationError::Shutdown),
+            _ = tokio::time::sleep(delay) => {}
+        }
+        delay = (delay * 2).min(Duration::from_secs(10));
+    }
+}
+
+/// Returns a client carrying the runner's credentials, after a successful `Declare` of `labels`.
+pub async fn establish(
+    cfg: &ForgeConfig,
+    labels: &[String],
+    shutdown: &CancellationToken,
+) -> Result<ForgeClient, RegistrationError> {
+    let anonymous = ForgeClient::new(&cfg.url, None, cfg.request_timeout).map_err(RegistrationError::Client)?;
+    wait_for_forge(&anonymous, &cfg.runner_name, shutdown).await?;
+
+    let configured = match &cfg.runner_uuid {
+        Some(uuid) => jr_config::read_secret("forge.runner_token", &cfg.runner_token, &cfg.runner_token_file)?
+            .map(|token| Credentials { uuid: uuid.clone(), token }),
+        None => None,
+    };
+    let creds = match configured {
+        Some(c) => c,
+        None => match read_stored(&cfg.credentials_file)? {
+            Some(c) => c,
+            None => {
+                let token = jr_config::read_secret(
+                    "forge.registration_token",
+                    &cfg.registration_token,
+                    &cfg.registration_token_file,
+                )?
+                .ok_or(RegistrationError::NoCredentials)?;
+                let reply = anonymous
+                    .register(&RegisterRequest {
+                        name: cfg.runner_name.clone(),
+                        token,
+                        version: RUNNER_VERSION.to_owned(),
+                        labels: labels.to_vec(),
+                        ..Default::default()
+                    })
+                    .await
+                    .map_err(RegistrationError::Refused)?;
+                let runner = reply.runner.unwrap_or_default();
+                let creds = Credentials { uuid: runner.uuid, token: runner.token };
+                write_stored(&cfg.credentials_file, &creds, runner.id)?;
+                tracing::info!(uuid = %creds.uuid, file = %cfg.credentials_file.display(), "registered with the forge");
+                creds
+            }
+        },
+    };
+
+    let client = anonymous.with_credentials(creds.clone());
+    let declare = DeclareRequest { version: RUNNER_VERSION.to_owned(), labels: labels.to_vec(), ..Default::default() };
+    let mut delay = Duration::from_millis(200);
+    loop {
+        match client.declare(&declare).await {
+            Ok(_) => {
+                tracing::info!(?labels, "declared labels to the forge");
+                return Ok(client);
+            }
+            Err(e) if e.is_unregistered() => {
+                return Err(RegistrationError::Unregistered {
+                    uuid: creds.uuid,
+                    file: cfg.credentials_file.display().to_string(),
+                });
+            }
+            Err(e) if e.is_retryable() => tracing::warn!(error = %e, "declare failed; retrying"),
+            Err(e) => return Err(RegistrationError::Refused(e)),
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return Err(RegistrationError::Shutdown),
+            _ = tokio::time::sleep(delay) => {}
+        }
+        delay = (delay * 2).min(Duration::from_secs(10));
+    }
+}

@@ -1,0 +1,132 @@
+//! Sealing of forge tasks: only the scheduler holds the keys, so NATS operators and workers see
+//! routing fields but never the workflow, context or secrets. XChaCha20-Poly1305 with a random
+//! 192-bit nonce; the assignment id is the associated data, so a sealed task cannot be replayed
+//! under another assignment.
+
+use std::collections::BTreeMap;
+
+use base64::Engine;
+use chacha20poly1305::aead::{Aead, KeyInit, Payload};
+use chacha20poly1305::{XChaCha20Poly1305, XNonce};
+use jr_protocol::{AssignmentId, SealedTask};
+use rand::RngCore;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SealError {
+    #[error("seal key {0:?}: not base64 of exactly 32 bytes")]
+    BadKey(String),
+    #[error("no seal key with id {0:?}")]
+    UnknownKey(String),
+    #[error("sealed task does not open with key {0:?} (tampered, or sealed for another assignment)")]
+    Open(String),
+    #[error("no seal keys configured")]
+    NoKeys,
+}
+
+/// The scheduler's keyring: one current key for sealing, any listed key for opening.
+pub struct Sealer {
+    current: String,
+    keys: BTreeMap<String, XChaCha20Poly1305>,
+}
+
+impl std::fmt::Debug for Sealer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sealer").field("current", &self.current).field("keys", &self.keys.keys()).finish()
+    }
+}
+
+impl Sealer {
+    /// `keys`: key id → base64 of 32 bytes; `current`: the id used to seal new tasks.
+    pub fn new(current: &str, keys: &BTreeMap<String, String>) -> Result<Self, SealError> {
+        if keys.is_empty() {
+            return Err(SealError::NoKeys);
+        }
+        let mut ciphers = BTreeMap::new();
+        for (id, b64) in keys {
+            let raw = base64::engine::general_purpose::STANDARD
+                .decode(b64.trim())
+                .map_err(|_| SealError::BadKey(id.clone()))?;
+            let cipher =
+                XChaCha20Poly1305::new_from_slice(&raw).map_err(|_| SealError::BadKey(id.clone()))?;
+            if raw.len() != 32 {
+                return Err(SealError::BadKey(id.clone()));
+            }
+            ciphers.insert(id.clone(), cipher);
+        }
+        if !ciphers.contains_key(current) {
+            return Err(SealError::UnknownKey(current.to_owned()));
+        }
+        Ok(Self { current: current.to_owned(), keys: ciphers })
+    }
+
+    /// A fresh random key, base64 (for development configs and tests).
+    pub fn generate_key() -> String {
+        let mut key = [0u8; 32];
+        rand::rng().fill_bytes(&mut key);
+        base64::engine::general_purpose::STANDARD.encode(key)
+    }
+
+    pub fn seal(&self, assignment: AssignmentId, plaintext: &[u8]) -> Result<SealedTask, SealError> {
+        let cipher = self.keys.get(&self.current).ok_or_else(|| SealError::UnknownKey(self.current.clone()))?;
+        let mut nonce = [0u8; 24];
+        rand::rng().fill_bytes(&mut nonce);
+        let aad = assignment.0.as_bytes();
+        let ciphertext = cipher
+            .encrypt(XNonce::from_slice(&nonce), Payload { msg: plaintext, aad })
+            .map_err(|_| SealError::Open(self.current.clone()))?;
+        Ok(SealedTask { key_id: self.current.clone(), nonce: nonce.to_vec(), ciphertext })
+    }
+
+    pub fn open(&self, assignment: AssignmentId, sealed: &SealedTask) -> Result<Vec<u8>, SealError> {
+        let cipher = self.keys.get(&sealed.key_id).ok_or_else(|| SealError::UnknownKey(sealed.key_id.clone()))?;
+        if sealed.nonce.len() != 24 {
+            return Err(SealError::Open(sealed.key_id.clone()));
+        }
+        cipher
+            .decrypt(
+                XNonce::from_slice(&sealed.nonce),
+                Payload { msg: &sealed.ciphertext, aad: assignment.0.as_bytes() },
+            )
+            .map_err(|_| SealError::Open(sealed.key_id.clone()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn sealed_task_opens_only_for_its_assignment() {
+        let k = Sealer::generate_key();
+        let s = Sealer::new("k1", &keys(&[("k1", &k)])).expect("keyring");
+        let a = AssignmentId::for_task("f", 1);
+        let sealed = s.seal(a, b"secret task").expect("seal");
+        assert!(!sealed.ciphertext.windows(6).any(|w| w == b"secret"));
+        assert_eq!(s.open(a, &sealed).expect("open"), b"secret task");
+        assert!(matches!(s.open(AssignmentId::for_task("f", 2), &sealed), Err(SealError::Open(_))));
+        let mut tampered = sealed.clone();
+        tampered.ciphertext[0] ^= 1;
+        assert!(s.open(a, &tampered).is_err());
+    }
+
+    #[test]
+    fn rotated_keyring_still_opens_old_assignments() {
+        let (old, new) = (Sealer::generate_key(), Sealer::generate_key());
+        let before = Sealer::new("old", &keys(&[("old", &old)])).expect("keyring");
+        let a = AssignmentId::for_task("f", 9);
+        let sealed = before.seal(a, b"x").expect("seal");
+        let after = Sealer::new("new", &keys(&[("old", &old), ("new", &new)])).expect("keyring");
+        assert_eq!(after.open(a, &sealed).expect("old key still listed"), b"x");
+        assert_eq!(after.seal(a, b"y").expect("seal").key_id, "new");
+    }
+
+    #[test]
+    fn bad_keys_are_refused() {
+        assert!(matches!(Sealer::new("k", &keys(&[("k", "c2hvcnQ=")])), Err(SealError::BadKey(_))));
+        assert!(matches!(Sealer::new("x", &keys(&[("k", &Sealer::generate_key())])), Err(SealError::UnknownKey(_))));
+    }
+}

@@ -1,0 +1,482 @@
+//! The worker loop shared by both backends (design §2 "pod-worker and vm-worker").
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use jr_bus::{Bus, ConsumerOptions, ConsumerSpec, Delivery, Disposition, Permit, Topology};
+use jr_protocol::{
+    Assignment, AssignmentId, BackendName, DeleteWorkload, Envelope, Kind, Message, Released,
+    WorkloadCreated, WorkloadObserved, WorkloadPhase, WorkloadRequested, subject,
+};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::{Backend, BackendError, ObservedWorkload, WorkloadSpec};
+use crate::slots::Slots;
+use crate::token::{TokenKey, token_hash};
+
+#[derive(Clone, Debug)]
+pub struct WorkerSettings {
+    pub backend: BackendName,
+    pub capacity: usize,
+    pub worker_id: String,
+    pub facade_url: String,
+    pub token_key: TokenKey,
+    /// How often the backend is listed to catch changes a watch or poll missed.
+    pub resync_interval: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("bus: {0}")]
+    Bus(#[from] jr_bus::BusError),
+}
+
+/// Counters for metrics and tests.
+#[derive(Debug, Default)]
+pub struct WorkerStats {
+    pub created: AtomicU64,
+    pub create_errors: AtomicU64,
+    pub full_pauses: AtomicU64,
+    pub deleted: AtomicU64,
+    pub released: AtomicU64,
+    pub adopted: AtomicU64,
+    pub terminated_messages: AtomicU64,
+}
+
+struct Live {
+    assignment_id: AssignmentId,
+    attempt: u32,
+    phase: WorkloadPhase,
+    reason: Option<String>,
+    _slot: Permit,
+}
+
+pub struct Worker<B: Backend> {
+    bus: Bus,
+    backend: Arc<B>,
+    settings: WorkerSettings,
+    slots: Arc<Slots>,
+    live: Mutex<HashMap<String, Live>>,
+    ready: AtomicBool,
+    pub stats: WorkerStats,
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+impl<B: Backend> Worker<B> {
+    pub fn new(bus: Bus, backend: B, settings: WorkerSettings) -> Arc<Self> {
+        let slots = Slots::new(settings.capacity);
+        Arc::new(Self {
+            bus,
+            backend: Arc::new(backend),
+            settings,
+            slots,
+            live: Mutex::new(HashMap::new()),
+            ready: AtomicBool::new(false),
+            stats: WorkerStats::default(),
+        })
+    }
+
+    pub fn slots(&self) -> &Arc<Slots> {
+        &self.slots
+    }
+
+    /// Recovered and pulling.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    pub fn topology(backend: &BackendName) -> (ConsumerSpec, ConsumerSpec) {
+        (ConsumerSpec::worker_assignments(backend), ConsumerSpec::worker_commands(backend))
+    }
+
+    /// Runs until `shutdown`: recovery, then assignments, commands, observation and resync.
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) -> Result<(), WorkerError> {
+        let (assignments, commands) = Self::topology(&self.settings.backend);
+        self.bus.ensure_topology(&Topology::new().consumer(assignments.clone()).consumer(commands.clone())).await?;
+        self.recover(&shutdown).await;
+
+        let (tx, mut rx) = mpsc::channel::<ObservedWorkload>(1024);
+        let observer = {
+            let (me, stop) = (self.clone(), shutdown.clone());
+            tokio::spawn(async move { me.backend.observe(tx, async move { stop.cancelled().await }).await })
+        };
+        let observations = {
+            let (me, stop) = (self.clone(), shutdown.clone());
+            tokio::spawn(async move {
+                while let Some(o) = rx.recv().await {
+                    me.on_observed(o, &stop).await;
+                }
+            })
+        };
+        let resync = {
+            let (me, stop) = (self.clone(), shutdown.clone());
+            tokio::spawn(async move { me.resync_loop(&stop).await })
+        };
+        let command_loop = {
+            let (me, stop) = (self.clone(), shutdown.clone());
+            tokio::spawn(async move {
+                let handler_me = me.clone();
+                me.bus
+                    .run_consumer(
+                        &commands,
+                        move |d| {
+                            let me = handler_me.clone();
+                            async move { me.on_command(d).await }
+                        },
+                        ConsumerOptions::default().concurrency(8),
+                        stop,
+                    )
+                    .await
+            })
+        };
+        self.ready.store(true, Ordering::Release);
+        let handler_me = self.clone();
+        let result = self
+            .bus
+            .run_consumer(
+                &assignments,
+                move |d| {
+                    let me = handler_me.clone();
+                    async move { me.on_assignment(d).await }
+                },
+                ConsumerOptions::default().concurrency(self.settings.capacity).gate(self.slots.clone()),
+                shutdown.clone(),
+            )
+            .await;
+        shutdown.cancel();
+        self.ready.store(false, Ordering::Release);
+        for task in [observer, observations, resync] {
+            let _ = task.await;
+        }
+        let _ = command_loop.await;
+        result.map_err(WorkerError::from)
+    }
+
+    /// Adopts every workload of ours that exists before anything is pulled, so the slot count
+    /// is right from the first pull.
+    async fn recover(&self, shutdown: &CancellationToken) {
+        let mut delay = Duration::from_millis(200);
+        let found = loop {
+            match self.backend.list().await {
+                Ok(found) => break found,
+                Err(e) => tracing::warn!(error = %e, "cannot list workloads at start; retrying"),
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(delay) => {}
+            }
+            delay = (delay * 2).min(Duration::from_secs(10));
+        };
+        for o in found {
+            if o.phase == WorkloadPhase::Gone {
+                continue;
+            }
+            self.track(&o);
+            self.publish_observed(&o, shutdown).await;
+        }
+        tracing::info!(adopted = self.live_count(), capacity = self.settings.capacity, "recovered workloads");
+    }
+
+    fn live_count(&self) -> usize {
+        self.live.lock().map(|l| l.len()).unwrap_or(0)
+    }
+
+    /// Starts tracking a workload found by listing or watching (takes a slot if one is free).
+    fn track(&self, o: &ObservedWorkload) -> bool {
+        let Ok(mut live) = self.live.lock() else { return false };
+        if live.contains_key(&o.workload) {
+            return false;
+        }
+        let slot = match self.slots.adopt() {
+            Some(p) => Permit::new(p),
+            None => {
+                tracing::warn!(workload = %o.workload, "more workloads than capacity exist; pulling waits until some are gone");
+                Permit::unlimited()
+            }
+        };
+        live.insert(
+            o.workload.clone(),
+            Live { assignment_id: o.assignment_id, attempt: o.attempt, phase: o.phase, reason: o.reason.clone(), _slot: slot },
+        );
+        self.stats.adopted.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    async fn on_assignment(self: Arc<Self>, mut delivery: Delivery) -> Disposition {
+        let envelope = &delivery.envelope;
+        let Message::Assignment(assignment) = &envelope.message else {
+            self.stats.terminated_messages.fetch_add(1, Ordering::Relaxed);
+            return Disposition::Term(format!("expected an assignment, got {}", envelope.kind()));
+        };
+        if assignment.backend != self.settings.backend {
+            self.stats.terminated_messages.fetch_add(1, Ordering::Relaxed);
+            return Disposition::Term(format!("assignment for backend {} reached {}", assignment.backend, self.settings.backend));
+        }
+        let (id, attempt) = (envelope.assignment_id, envelope.attempt);
+        let token = self.settings.token_key.token(id, attempt);
+        let hash = token_hash(&token);
+        let spec = self.spec(assignment, id, attempt, token);
+        let name = spec.name();
+
+        // The token hash is durable before the workload can start (design §5 ordering).
+        let requested = Envelope::new(
+            format!("workload-requested:{id}:{attempt}"),
+            now_ms(),
+            id,
+            attempt,
+            Message::WorkloadRequested(WorkloadRequested {
+                backend: self.settings.backend.clone(),
+                workload: name.clone(),
+                token_hash: hash.clone(),
+                worker_id: self.settings.worker_id.clone(),
+            }),
+        );
+        if let Err(e) = self.bus.publish(&subject::event(&self.settings.backend, id, Kind::WorkloadRequested), &requested).await {
+            tracing::warn!(assignment = %id, error = %e, "cannot publish workload-requested");
+            return Disposition::Nak(Some(Duration::from_secs(2)));
+        }
+
+        let workload = match self.backend.create(&spec).await {
+            Ok(w) => w,
+            Err(e) => return self.create_failed(id, attempt, &name, e).await,
+        };
+        self.stats.created.fetch_add(1, Ordering::Relaxed);
+        {
+            let slot = delivery.permit.take().unwrap_or_else(Permit::unlimited);
+            if let Ok(mut live) = self.live.lock() {
+                // A redelivery of an attempt whose workload we already track keeps the old slot.
+                live.entry(workload.clone()).or_insert(Live {
+                    assignment_id: id,
+                    attempt,
+                    phase: WorkloadPhase::Pending,
+                    reason: None,
+                    _slot: slot,
+                });
+            }
+        }
+        let created = Envelope::new(
+            format!("workload-created:{id}:{attempt}"),
+            now_ms(),
+            id,
+            attempt,
+            Message::WorkloadCreated(WorkloadCreated {
+                backend: self.settings.backend.clone(),
+                workload: workload.clone(),
+                token_hash: hash,
+                worker_id: self.settings.worker_id.clone(),
+            }),
+        );
+        match self.bus.publish(&subject::event(&self.settings.backend, id, Kind::WorkloadCreated), &created).await {
+            Ok(_) => {
+                tracing::info!(assignment = %id, attempt, %workload, "workload created");
+                Disposition::Ack
+            }
+            // The workload exists and is tracked; the redelivery finds it and publishes again.
+            Err(e) => {
+                tracing::warn!(assignment = %id, error = %e, "cannot publish workload-created");
+                Disposition::Nak(Some(Duration::from_secs(2)))
+            }
+        }
+    }
+
+    fn spec(&self, a: &Assignment, id: AssignmentId, attempt: u32, token: String) -> WorkloadSpec {
+        WorkloadSpec {
+            assignment_id: id,
+            attempt,
+            backend: self.settings.backend.clone(),
+            provider: a.provider.clone(),
+            labels: a.labels.clone(),
+            max_duration: Duration::from_secs(a.max_duration_secs.max(60)),
+            worker_id: self.settings.worker_id.clone(),
+            facade_url: self.settings.facade_url.clone(),
+            executor_token: token,
+        }
+    }
+
+    async fn create_failed(&self, id: AssignmentId, attempt: u32, name: &str, e: BackendError) -> Disposition {
+        self.stats.create_errors.fetch_add(1, Ordering::Relaxed);
+        match e {
+            BackendError::Full { retry_after, .. } => {
+                self.stats.full_pauses.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(assignment = %id, ?retry_after, "backend full; pausing pulls");
+                self.slots.pause_for(retry_after);
+                Disposition::Nak(Some(retry_after))
+            }
+            BackendError::Transient { retry_after, message, .. } => {
+                tracing::warn!(assignment = %id, %message, "create failed; will retry");
+                Disposition::Nak(Some(retry_after.unwrap_or(Duration::from_secs(5))))
+            }
+            BackendError::Permanent { message, .. } => {
+                // Reported as a failed workload: the reconciler redispatches or fails the task
+                // with this reason instead of the job waiting forever.
+                tracing::error!(assignment = %id, %message, "backend refused the workload");
+                let o = ObservedWorkload {
+                    workload: name.to_owned(),
+                    assignment_id: id,
+                    attempt,
+                    phase: WorkloadPhase::Failed,
+                    reason: Some(format!("create-refused: {message}")),
+                };
+                match self.publish_observation(&o).await {
+                    Ok(()) => Disposition::Ack,
+                    Err(_) => Disposition::Nak(Some(Duration::from_secs(2))),
+                }
+            }
+        }
+    }
+
+    async fn on_command(self: Arc<Self>, delivery: Delivery) -> Disposition {
+        let envelope = delivery.envelope;
+        let Message::DeleteWorkload(DeleteWorkload { backend, workload, reason }) = envelope.message else {
+            self.stats.terminated_messages.fetch_add(1, Ordering::Relaxed);
+            return Disposition::Term(format!("unexpected command {}", envelope.kind()));
+        };
+        if backend != self.settings.backend {
+            return Disposition::Term(format!("delete for backend {backend} reached {}", self.settings.backend));
+        }
+        match self.backend.delete(&workload).await {
+            Ok(()) => {
+                self.stats.deleted.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(assignment = %envelope.assignment_id, %workload, %reason, "workload deleted");
+                let tracked = self.live.lock().map(|l| l.contains_key(&workload)).unwrap_or(false);
+                if !tracked {
+                    // Nothing of ours holds a slot for it; say it is gone right away.
+                    let released = self.released(envelope.assignment_id, envelope.attempt, &workload);
+                    if self.bus.publish(&subject::event(&backend, envelope.assignment_id, Kind::Released), &released).await.is_err() {
+                        return Disposition::Nak(Some(Duration::from_secs(2)));
+                    }
+                }
+                // Tracked workloads are released when the backend reports them gone.
+                Disposition::Ack
+            }
+            Err(BackendError::Permanent { message, .. }) => Disposition::Term(format!("delete refused: {message}")),
+            Err(e) => {
+                tracing::warn!(%workload, error = %e, "delete failed; will retry");
+                Disposition::Nak(Some(Duration::from_secs(2)))
+            }
+        }
+    }
+
+    fn released(&self, id: AssignmentId, attempt: u32, workload: &str) -> Envelope {
+        Envelope::new(
+            format!("released:{id}:{attempt}:{workload}"),
+            now_ms(),
+            id,
+            attempt,
+            Message::Released(Released { backend: self.settings.backend.clone(), workload: workload.to_owned() }),
+        )
+    }
+
+    async fn on_observed(&self, o: ObservedWorkload, shutdown: &CancellationToken) {
+        let changed = {
+            let Ok(mut live) = self.live.lock() else { return };
+            match live.get_mut(&o.workload) {
+                Some(l) if l.phase == o.phase && l.reason == o.reason => false,
+                Some(l) => {
+                    l.phase = o.phase;
+                    l.reason = o.reason.clone();
+                    true
+                }
+                None => true,
+            }
+        };
+        if o.phase != WorkloadPhase::Gone && changed && !self.live.lock().map(|l| l.contains_key(&o.workload)).unwrap_or(true) {
+            // A workload we did not create in this process (orphan or from a previous run).
+            self.track(&o);
+        }
+        if changed {
+            self.publish_observed(&o, shutdown).await;
+        }
+        if o.phase == WorkloadPhase::Gone {
+            let was_live = self.live.lock().ok().and_then(|mut l| l.remove(&o.workload));
+            let (id, attempt) = was_live.as_ref().map_or((o.assignment_id, o.attempt), |l| (l.assignment_id, l.attempt));
+            let released = self.released(id, attempt, &o.workload);
+            let subject = subject::event(&self.settings.backend, id, Kind::Released);
+            if self.bus.publish_retrying(&subject, &released, shutdown).await.is_ok() {
+                self.stats.released.fetch_add(1, Ordering::Relaxed);
+            }
+            // Dropping `was_live` here frees the slot.
+            drop(was_live);
+        }
+    }
+
+    async fn publish_observation(&self, o: &ObservedWorkload) -> Result<(), jr_bus::BusError> {
+        let envelope = self.observed_envelope(o);
+        self.bus.publish(&subject::event(&self.settings.backend, o.assignment_id, Kind::WorkloadObserved), &envelope).await.map(|_| ())
+    }
+
+    fn observed_envelope(&self, o: &ObservedWorkload) -> Envelope {
+        let phase = serde_label(o.phase);
+        Envelope::new(
+            format!("observed:{}:{}:{}:{phase}:{}", o.assignment_id, o.attempt, o.workload, o.reason.as_deref().unwrap_or("")),
+            now_ms(),
+            o.assignment_id,
+            o.attempt,
+            Message::WorkloadObserved(WorkloadObserved {
+                backend: self.settings.backend.clone(),
+                workload: o.workload.clone(),
+                phase: o.phase,
+                reason: o.reason.clone(),
+            }),
+        )
+    }
+
+    async fn publish_observed(&self, o: &ObservedWorkload, shutdown: &CancellationToken) {
+        let envelope = self.observed_envelope(o);
+        let subject = subject::event(&self.settings.backend, o.assignment_id, Kind::WorkloadObserved);
+        if let Err(e) = self.bus.publish_retrying(&subject, &envelope, shutdown).await {
+            tracing::warn!(workload = %o.workload, error = %e, "observation not published");
+        }
+    }
+
+    /// Lists the backend now and then: tracked workloads that vanished without a watch event are
+    /// released, unknown ones are adopted and reported.
+    async fn resync_loop(&self, shutdown: &CancellationToken) {
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(self.settings.resync_interval) => {}
+            }
+            let Ok(found) = self.backend.list().await else { continue };
+            let present: std::collections::HashSet<&str> = found.iter().map(|o| o.workload.as_str()).collect();
+            let vanished: Vec<ObservedWorkload> = self
+                .live
+                .lock()
+                .map(|l| {
+                    l.iter()
+                        .filter(|(name, _)| !present.contains(name.as_str()))
+                        .map(|(name, l)| ObservedWorkload {
+                            workload: name.clone(),
+                            assignment_id: l.assignment_id,
+                            attempt: l.attempt,
+                            phase: WorkloadPhase::Gone,
+                            reason: None,
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            for o in vanished.into_iter().chain(found.into_iter()) {
+                self.on_observed(o, shutdown).await;
+            }
+        }
+    }
+}
+
+/// The kebab-case name of a phase, as on the wire.
+fn serde_label(phase: WorkloadPhase) -> &'static str {
+    match phase {
+        WorkloadPhase::Pending => "pending",
+        WorkloadPhase::Running => "running",
+        WorkloadPhase::Succeeded => "succeeded",
+        WorkloadPhase::Failed => "failed",
+        WorkloadPhase::Terminating => "terminating",
+        WorkloadPhase::Gone => "gone",
+        WorkloadPhase::Unknown => "unknown",
+    }
+}
