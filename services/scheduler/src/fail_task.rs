@@ -43,7 +43,7 @@ pub async fn handle(bus: &Bus, forge: &ForgeClient, delivery: Delivery) -> Dispo
             return Disposition::Nak(Some(Duration::from_secs(2)));
         }
     }
-    match report_failure(forge, forge_task_id, &[reason.clone()]).await {
+    match report_failure(forge, forge_task_id, std::slice::from_ref(&reason)).await {
         Ok(result) => tracing::info!(assignment = %id, task = forge_task_id, ?result, %reason, "failure reported to the forge"),
         Err(e) if e.is_retryable() => {
             tracing::warn!(assignment = %id, error = %e, "forge unavailable; retrying fail-task");

@@ -6,6 +6,8 @@ pub mod facade;
 pub mod fail_task;
 pub mod fetcher;
 pub mod forge_report;
+pub mod ledger;
 pub mod registration;
 pub mod routing;
 pub mod seal;
+pub mod service;

@@ -461,7 +461,7 @@ impl<B: Backend> Worker<B> {
                         .collect()
                 })
                 .unwrap_or_default();
-            for o in vanished.into_iter().chain(found.into_iter()) {
+            for o in vanished.into_iter().chain(found) {
                 self.on_observed(o, shutdown).await;
             }
         }
@@ -479,4 +479,36 @@ fn serde_label(phase: WorkloadPhase) -> &'static str {
         WorkloadPhase::Gone => "gone",
         WorkloadPhase::Unknown => "unknown",
     }
+}
+
+/// Settings of the worker serving `[backend.<name>]` with the `[pod_worker]`/`[vm_worker]`
+/// section `section`: which backend (default `default_backend`), its capacity, identity, the
+/// facade URL executors use and the token key.
+pub fn settings_from_config(
+    config: &jr_config::Config,
+    section: &jr_config::WorkerConfig,
+    section_name: &str,
+    default_backend: &str,
+) -> Result<(WorkerSettings, jr_config::BackendConfig), String> {
+    let name = section.backend.clone().unwrap_or_else(|| default_backend.to_owned());
+    let backend_cfg = config
+        .backend
+        .get(&name)
+        .cloned()
+        .ok_or_else(|| format!("{section_name}.backend: no [backend.{name}] in the config"))?;
+    let backend = BackendName::new(name.clone()).map_err(|e| format!("backend.{name}: {e}"))?;
+    let key_text = jr_config::read_secret(&format!("{section_name}.token_key"), &section.token_key, &section.token_key_file)
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("{section_name}.token_key (or token_key_file) is required: base64 of at least 32 random bytes"))?;
+    let token_key = TokenKey::from_base64(&key_text).map_err(|e| format!("{section_name}.token_key: {e}"))?;
+    let settings = WorkerSettings {
+        // Stable across restarts by default: workloads are listed by it after a restart.
+        worker_id: section.worker_id.clone().unwrap_or_else(|| format!("{name}-worker")),
+        backend,
+        capacity: backend_cfg.capacity,
+        facade_url: config.facade.public_url.clone(),
+        token_key,
+        resync_interval: Duration::from_secs(15),
+    };
+    Ok((settings, backend_cfg))
 }

@@ -8,5 +8,5 @@ pub mod slots;
 pub mod token;
 
 pub use backend::{Backend, BackendError, ObservedWorkload, WorkloadSpec, workload_name};
-pub use core::{Worker, WorkerError, WorkerSettings, WorkerStats};
+pub use core::{Worker, WorkerError, WorkerSettings, WorkerStats, settings_from_config};
 pub use token::{TokenKey, token_hash};

@@ -1,0 +1,188 @@
+//! The RunnerService facade executors talk to (design §5).
+//!
+//! Executors are unmodified act_runner processes whose `address` is the facade. Each one
+//! authenticates as one assignment (token and/or SPIFFE mTLS), receives its own forge task exactly
+//! once, and reports through the facade, which checks and forwards those reports to the forge with
+//! the scheduler's credentials and records `claimed` / `terminal` / `executor-finished` facts
+//! through a [`Ledger`]. Artifact and cache paths are proxied to the forge unchanged.
+//!
+//! - [`Facade`] holds the state; [`router`] is its HTTP surface; [`serve`] runs it over TLS.
+//! - [`Ledger`] is the IO boundary to JetStream; [`MemoryLedger`] is the in-memory stand-in.
+
+mod auth;
+mod ledger;
+mod progress;
+mod proxy;
+mod rpc;
+mod server;
+mod stats;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use jr_forge::ForgeClient;
+use jr_protocol::AssignmentId;
+
+use crate::seal::Sealer;
+
+pub use auth::{ClientIdentity, SpiffeId, token_hash};
+pub use ledger::{AssignmentView, Ledger, LedgerError, MemoryLedger, MemoryRecord};
+pub use rpc::router;
+pub use server::{TlsSettings, serve};
+pub use stats::{AuthRefusal, FacadeStats};
+
+use progress::Progress;
+use stats::Counters;
+
+/// How executors prove which assignment they are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AuthMode {
+    /// `x-runner-token` whose SHA-256 matches the attempt's published hash.
+    Token,
+    /// A client certificate from the trust bundle whose SPIFFE id ends in the assignment id.
+    Spiffe,
+    /// Either; every credential that is presented must be valid.
+    Both,
+}
+
+impl AuthMode {
+    pub fn uses_token(self) -> bool {
+        matches!(self, AuthMode::Token | AuthMode::Both)
+    }
+
+    pub fn uses_spiffe(self) -> bool {
+        matches!(self, AuthMode::Spiffe | AuthMode::Both)
+    }
+}
+
+impl From<jr_config::FacadeAuthMode> for AuthMode {
+    fn from(mode: jr_config::FacadeAuthMode) -> Self {
+        match mode {
+            jr_config::FacadeAuthMode::Token => AuthMode::Token,
+            jr_config::FacadeAuthMode::Spiffe => AuthMode::Spiffe,
+            jr_config::FacadeAuthMode::Both => AuthMode::Both,
+        }
+    }
+}
+
+/// Everything the facade needs besides its ledger.
+#[derive(Debug)]
+pub struct FacadeSettings {
+    pub mode: AuthMode,
+    /// SPIFFE trust domain executor ids must belong to (`spiffe://<trust_domain>/…`). `None`
+    /// accepts any trust domain the trust bundle vouches for.
+    pub trust_domain: Option<String>,
+    /// Client for the forge with the scheduler's real runner credentials.
+    pub forge: ForgeClient,
+    /// Forge instance root URL; proxied artifact/cache paths are appended to it.
+    pub forge_base_url: String,
+    /// Opens the sealed task of an assignment.
+    pub sealer: Arc<Sealer>,
+    /// Allow [`serve`] without TLS (development only).
+    pub insecure_plain_http: bool,
+}
+
+/// Why the facade could not start or serve.
+#[derive(Debug, thiserror::Error)]
+pub enum FacadeError {
+    #[error("plain HTTP refused: configure TLS or set insecure_plain_http")]
+    PlainHttpRefused,
+    #[error("SPIFFE mode needs TLS with a client trust bundle")]
+    SpiffeWithoutTrustBundle,
+    #[error("invalid TLS configuration: {0}")]
+    TlsConfig(String),
+    #[error("cannot read {path}")]
+    ReadPem {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot build the proxy HTTP client")]
+    ProxyClient(#[source] reqwest::Error),
+}
+
+impl FacadeError {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            FacadeError::PlainHttpRefused => "plain_http_refused",
+            FacadeError::SpiffeWithoutTrustBundle => "spiffe_without_trust_bundle",
+            FacadeError::TlsConfig(_) => "tls_config",
+            FacadeError::ReadPem { .. } => "read_pem",
+            FacadeError::ProxyClient(_) => "proxy_client",
+        }
+    }
+}
+
+/// The facade's state: settings, ledger, counters and the per-assignment report progress.
+pub struct Facade<L: Ledger> {
+    settings: FacadeSettings,
+    ledger: L,
+    counters: Counters,
+    /// Report progress per assignment. Entries are small; [`Facade::forget`] drops one when its
+    /// workload is released.
+    progress: Mutex<HashMap<AssignmentId, Arc<tokio::sync::Mutex<Progress>>>>,
+    /// Client for proxied paths: no redirects followed, no transparent decompression, so the
+    /// executor sees the forge's answer byte for byte.
+    proxy_http: reqwest::Client,
+}
+
+impl<L: Ledger> std::fmt::Debug for Facade<L> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Facade")
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<L: Ledger> Facade<L> {
+    pub fn new(settings: FacadeSettings, ledger: L) -> Result<Facade<L>, FacadeError> {
+        // reqwest is built with `rustls-no-provider`; a second install is a harmless error.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let proxy_http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .no_gzip()
+            .connect_timeout(std::time::Duration::from_secs(10))
+            .user_agent(concat!("jetrunner-facade/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(FacadeError::ProxyClient)?;
+        Ok(Facade {
+            settings,
+            ledger,
+            counters: Counters::default(),
+            progress: Mutex::new(HashMap::new()),
+            proxy_http,
+        })
+    }
+
+    pub fn settings(&self) -> &FacadeSettings {
+        &self.settings
+    }
+
+    pub fn ledger(&self) -> &L {
+        &self.ledger
+    }
+
+    pub fn stats(&self) -> FacadeStats {
+        self.counters.snapshot()
+    }
+
+    /// Drops the report progress of an assignment (call when its workload is released). A later
+    /// call for it is judged from the ledger alone.
+    pub fn forget(&self, id: AssignmentId) {
+        self.progress_map().remove(&id);
+    }
+
+    fn progress_map(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<AssignmentId, Arc<tokio::sync::Mutex<Progress>>>> {
+        // Only plain inserts/removes happen under this lock, so a poisoned map is still valid.
+        self.progress
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The progress record of an assignment (created on first use).
+    fn progress_of(&self, id: AssignmentId) -> Arc<tokio::sync::Mutex<Progress>> {
+        self.progress_map().entry(id).or_default().clone()
+    }
+}

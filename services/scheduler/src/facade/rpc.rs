@@ -1,0 +1,440 @@
+//! The RunnerService methods as executors see them, and the router that serves them.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Path, Request, State};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use http::{StatusCode, header};
+use jr_forge::proto::ping::v1::{PingRequest, PingResponse};
+use jr_forge::proto::runner::v1::{
+    DeclareRequest, DeclareResponse, FetchTaskRequest, FetchTaskResponse, Runner, Task,
+    UpdateLogRequest, UpdateLogResponse, UpdateTaskRequest, UpdateTaskResponse,
+};
+use jr_forge::wire::{
+    API_PREFIX, CONTENT_TYPE_JSON, PING_SERVICE, RUNNER_SERVICE, decode_request, encode_response,
+    request_codec, rpc_path,
+};
+use jr_forge::{Code, ForgeError, connect_error_body};
+use jr_protocol::{Terminal, TerminalSource};
+use prost::Message;
+
+use super::auth::{AuthFailure, Authenticated, Caller, ClientIdentity};
+use super::progress::{Admission, FollowUp};
+use super::proxy::proxy;
+use super::stats::bump;
+use super::{AssignmentView, Facade, Ledger};
+
+/// Largest RPC request body accepted (a big UpdateLog batch stays well below this).
+const MAX_RPC_BODY: usize = 32 * 1024 * 1024;
+/// `tasks_version` the facade reports; it never takes the fast path, so any non-zero value works.
+const TASKS_VERSION: i64 = 1;
+
+/// The facade's HTTP surface: the RunnerService and PingService paths, the proxied artifact and
+/// cache paths, and 404 for everything else. [`super::serve`] adds the [`ClientIdentity`]
+/// extension; without it every caller is anonymous (token mode only).
+pub fn router<L: Ledger>(facade: Arc<Facade<L>>) -> Router {
+    Router::new()
+        .route(&rpc_path(PING_SERVICE, "Ping"), post(ping))
+        .route(
+            &format!("{API_PREFIX}/{RUNNER_SERVICE}/{{method}}"),
+            post(runner_service::<L>),
+        )
+        .fallback(proxy::<L>)
+        .with_state(facade)
+}
+
+/// A Connect error answer: HTTP status and JSON body.
+#[derive(Debug)]
+pub(crate) struct RpcError {
+    status: u16,
+    body: String,
+}
+
+impl RpcError {
+    pub fn new(code: Code, message: impl std::fmt::Display) -> RpcError {
+        RpcError {
+            status: code.http_status(),
+            body: connect_error_body(code, &message.to_string()),
+        }
+    }
+
+    /// The forge's own error, passed through with its code and message.
+    pub fn forge(err: &ForgeError) -> RpcError {
+        let (status, body) = err.connect_reply();
+        RpcError { status, body }
+    }
+}
+
+impl IntoResponse for RpcError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        (
+            status,
+            [(header::CONTENT_TYPE, CONTENT_TYPE_JSON)],
+            self.body,
+        )
+            .into_response()
+    }
+}
+
+/// Decodes a unary request, runs `handler`, encodes its reply or error.
+async fn unary<Req, Resp, Fut>(
+    content_type: Option<&str>,
+    body: &[u8],
+    handler: impl FnOnce(Req) -> Fut,
+) -> Response
+where
+    Req: Message + Default,
+    Resp: Message,
+    Fut: Future<Output = Result<Resp, RpcError>>,
+{
+    let codec = match request_codec(content_type) {
+        Ok(codec) => codec,
+        Err(err) => return RpcError::forge(&err).into_response(),
+    };
+    let request = match decode_request::<Req>(content_type, body) {
+        Ok(request) => request,
+        Err(err) => return RpcError::forge(&err).into_response(),
+    };
+    match handler(request).await {
+        Ok(reply) => (
+            [(header::CONTENT_TYPE, codec.content_type())],
+            encode_response(codec, &reply),
+        )
+            .into_response(),
+        Err(err) => err.into_response(),
+    }
+}
+
+async fn ping(request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    let Ok(body) = axum::body::to_bytes(body, MAX_RPC_BODY).await else {
+        return RpcError::new(Code::InvalidArgument, "cannot read request body").into_response();
+    };
+    let content_type = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok());
+    unary(content_type, &body, |req: PingRequest| async move {
+        Ok(PingResponse {
+            data: format!("Hello, {}!", req.data),
+        })
+    })
+    .await
+}
+
+async fn runner_service<L: Ledger>(
+    State(facade): State<Arc<Facade<L>>>,
+    Path(method): Path<String>,
+    request: Request,
+) -> Response {
+    let (parts, body) = request.into_parts();
+    let caller = Caller::from_request(&parts.headers, parts.extensions.get::<ClientIdentity>());
+    let content_type = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok());
+    let body = match axum::body::to_bytes(body, MAX_RPC_BODY).await {
+        Ok(body) => body,
+        Err(_) => {
+            return RpcError::new(Code::ResourceExhausted, "request body too large or broken")
+                .into_response();
+        }
+    };
+    let f = &facade;
+    match method.as_str() {
+        "Register" => {
+            bump(&f.counters.permission_denied);
+            RpcError::new(
+                Code::PermissionDenied,
+                "Register is not available on the jetrunner facade: executors use the \
+                 per-assignment credentials they were started with",
+            )
+            .into_response()
+        }
+        "Declare" => unary(content_type, &body, |r| f.declare(&caller, r)).await,
+        "FetchTask" => unary(content_type, &body, |r| f.fetch_task(&caller, r)).await,
+        "UpdateTask" => unary(content_type, &body, |r| f.update_task(&caller, r)).await,
+        "UpdateLog" => unary(content_type, &body, |r| f.update_log(&caller, r)).await,
+        _ => StatusCode::NOT_FOUND.into_response(),
+    }
+}
+
+fn auth_error(failure: AuthFailure) -> RpcError {
+    match failure {
+        AuthFailure::Refused(reason) => RpcError::new(
+            Code::Unauthenticated,
+            format!(
+                "unregistered runner: executor credentials refused ({})",
+                reason.as_str()
+            ),
+        ),
+        AuthFailure::Ledger(_) => {
+            RpcError::new(Code::Unavailable, "assignment state unavailable; retry")
+        }
+    }
+}
+
+fn not_visible_yet() -> RpcError {
+    RpcError::new(
+        Code::Unavailable,
+        "assignment not known to the facade yet; retry",
+    )
+}
+
+impl<L: Ledger> Facade<L> {
+    async fn declare(
+        &self,
+        caller: &Caller,
+        request: DeclareRequest,
+    ) -> Result<DeclareResponse, RpcError> {
+        // Pending is fine, and so is a ledger hiccup: act_runner gives up on a failed Declare,
+        // the assignment may simply not be visible yet, and Declare reveals nothing. Only a
+        // definite refusal (wrong token or identity) fails it.
+        match self.authenticate(caller).await {
+            Ok(_) | Err(AuthFailure::Ledger(_)) => {}
+            Err(refused @ AuthFailure::Refused(_)) => return Err(auth_error(refused)),
+        }
+        let uuid = caller.uuid.clone().unwrap_or_default();
+        Ok(DeclareResponse {
+            runner: Some(Runner {
+                name: format!("jetrunner-{uuid}"),
+                uuid,
+                version: request.version,
+                labels: request.labels,
+                ..Runner::default()
+            }),
+        })
+    }
+
+    async fn fetch_task(
+        &self,
+        caller: &Caller,
+        _request: FetchTaskRequest,
+    ) -> Result<FetchTaskResponse, RpcError> {
+        let no_task = FetchTaskResponse {
+            task: None,
+            tasks_version: TASKS_VERSION,
+        };
+        let (view, executor) = match self.authenticate(caller).await.map_err(auth_error)? {
+            Authenticated::Ready { view, executor } => (view, executor),
+            Authenticated::Pending => {
+                bump(&self.counters.fetches_pending);
+                return Ok(no_task);
+            }
+        };
+        if view.claimed || view.terminal {
+            return Ok(no_task);
+        }
+        // Open the task before claiming, so a task that cannot be delivered is never claimed.
+        let task = self.open_task(&view)?;
+        // The ledger's once-only publish settles races between executors and facade replicas.
+        match self.ledger.publish_claimed(&view, &executor).await {
+            Ok(true) => {
+                bump(&self.counters.claims_won);
+                let progress = self.progress_of(view.id);
+                let mut progress = progress.lock().await;
+                progress.sync(view.attempt, view.terminal);
+                progress.claimed_here = true;
+                tracing::info!(assignment = %view.id, attempt = view.attempt, forge_task_id = view.forge_task_id, %executor, "task claimed");
+                Ok(FetchTaskResponse {
+                    task: Some(task),
+                    tasks_version: TASKS_VERSION,
+                })
+            }
+            Ok(false) => {
+                bump(&self.counters.claims_lost);
+                Ok(no_task)
+            }
+            Err(err) => {
+                bump(&self.counters.ledger_errors);
+                tracing::warn!(assignment = %view.id, error = %err, "publishing claimed failed");
+                // Answer "no task": the executor polls again and the claim is retried.
+                Ok(no_task)
+            }
+        }
+    }
+
+    fn open_task(&self, view: &AssignmentView) -> Result<Task, RpcError> {
+        let plaintext = self
+            .settings
+            .sealer
+            .open(view.id, &view.sealed_task)
+            .map_err(|err| {
+                tracing::error!(assignment = %view.id, error = %err, "cannot open sealed task");
+                RpcError::new(Code::Internal, "the assignment's task cannot be opened")
+            })?;
+        let task = Task::decode(plaintext.as_slice()).map_err(|err| {
+            tracing::error!(assignment = %view.id, error = %err, "sealed task is not a Task");
+            RpcError::new(Code::Internal, "the assignment's task is malformed")
+        })?;
+        if task.id != view.forge_task_id {
+            tracing::error!(assignment = %view.id, task = task.id, expected = view.forge_task_id, "sealed task id mismatch");
+            return Err(RpcError::new(
+                Code::Internal,
+                "the assignment's task is malformed",
+            ));
+        }
+        Ok(task)
+    }
+
+    /// Authentication plus the checks shared by UpdateTask and UpdateLog.
+    async fn reporting_caller(
+        &self,
+        caller: &Caller,
+        task_id: i64,
+    ) -> Result<AssignmentView, RpcError> {
+        let view = match self.authenticate(caller).await.map_err(auth_error)? {
+            Authenticated::Ready { view, .. } => view,
+            Authenticated::Pending => return Err(not_visible_yet()),
+        };
+        if task_id != view.forge_task_id {
+            bump(&self.counters.permission_denied);
+            tracing::warn!(assignment = %view.id, task_id, "report for another task refused");
+            return Err(RpcError::new(
+                Code::PermissionDenied,
+                format!("task {task_id} is not this executor's task"),
+            ));
+        }
+        Ok(view)
+    }
+
+    fn not_claimed(&self) -> RpcError {
+        bump(&self.counters.permission_denied);
+        RpcError::new(
+            Code::PermissionDenied,
+            "this executor has not claimed its task",
+        )
+    }
+
+    fn after_terminal(&self, why: &str) -> RpcError {
+        bump(&self.counters.refused_after_terminal);
+        RpcError::new(Code::FailedPrecondition, why)
+    }
+
+    fn forge_failed(&self, err: &ForgeError) -> RpcError {
+        bump(&self.counters.forward_errors);
+        tracing::info!(error = %err, kind = err.kind(), "forge refused a forwarded report");
+        RpcError::forge(err)
+    }
+
+    async fn update_task(
+        &self,
+        caller: &Caller,
+        request: UpdateTaskRequest,
+    ) -> Result<UpdateTaskResponse, RpcError> {
+        let Some(state) = request.state.as_ref() else {
+            return Err(RpcError::new(
+                Code::InvalidArgument,
+                "UpdateTask without state",
+            ));
+        };
+        let requested = state.result;
+        let view = self.reporting_caller(caller, state.id).await?;
+        let progress = self.progress_of(view.id);
+        // One report at a time per assignment, so the progress record follows the forge.
+        let mut progress = progress.lock().await;
+        progress.sync(view.attempt, view.terminal);
+        if !(view.claimed || progress.claimed_here) {
+            return Err(self.not_claimed());
+        }
+        if let Admission::Refuse(why) = progress.admit_update_task(requested) {
+            return Err(self.after_terminal(why));
+        }
+        bump(&self.counters.forwarded_calls);
+        let reply = self
+            .settings
+            .forge
+            .update_task(&request)
+            .await
+            .map_err(|err| self.forge_failed(&err))?;
+        let replied = reply.state.as_ref().map_or(0, |s| s.result);
+        if let FollowUp::Terminal { result, log_closed } =
+            progress.after_update_task(requested, replied)
+        {
+            let terminal = Terminal {
+                forge_task_id: view.forge_task_id,
+                result,
+                source: TerminalSource::Executor,
+                log_closed,
+                reason: None,
+            };
+            match self.ledger.publish_terminal(&view, terminal).await {
+                Ok(created) => {
+                    if created {
+                        bump(&self.counters.terminals_published);
+                    }
+                    progress.terminal_recorded(requested, log_closed);
+                    tracing::info!(assignment = %view.id, ?result, log_closed, created, "task terminal");
+                }
+                Err(err) => {
+                    // The forge keeps the final state, so the executor's retry is idempotent
+                    // there and gives us another chance to record it.
+                    bump(&self.counters.ledger_errors);
+                    tracing::warn!(assignment = %view.id, error = %err, "publishing terminal failed");
+                    return Err(RpcError::new(
+                        Code::Unavailable,
+                        "recording the final state failed; retry",
+                    ));
+                }
+            }
+        }
+        Ok(reply)
+    }
+
+    async fn update_log(
+        &self,
+        caller: &Caller,
+        request: UpdateLogRequest,
+    ) -> Result<UpdateLogResponse, RpcError> {
+        let view = self.reporting_caller(caller, request.task_id).await?;
+        let progress = self.progress_of(view.id);
+        let mut progress = progress.lock().await;
+        progress.sync(view.attempt, view.terminal);
+        if !(view.claimed || progress.claimed_here) {
+            return Err(self.not_claimed());
+        }
+        let rows = request.rows.len();
+        if let Admission::Refuse(why) = progress.admit_update_log(request.index, rows) {
+            return Err(self.after_terminal(why));
+        }
+        bump(&self.counters.forwarded_calls);
+        let reply = self
+            .settings
+            .forge
+            .update_log(&request)
+            .await
+            .map_err(|err| self.forge_failed(&err))?;
+        if progress.after_update_log(request.index, rows, request.no_more, reply.ack_index)
+            == FollowUp::ExecutorFinished
+        {
+            match self.ledger.publish_executor_finished(&view).await {
+                Ok(()) => {
+                    bump(&self.counters.executor_finished_published);
+                    progress.finish_reported = true;
+                    tracing::info!(assignment = %view.id, "executor finished reporting");
+                }
+                Err(err) => {
+                    bump(&self.counters.ledger_errors);
+                    tracing::warn!(assignment = %view.id, error = %err, "publishing executor-finished failed");
+                    return Err(RpcError::new(
+                        Code::Unavailable,
+                        "recording the closed log failed; retry",
+                    ));
+                }
+            }
+        }
+        Ok(reply)
+    }
+}
+
+/// A body-less 404 (what Gitea answers for unknown paths).
+pub(crate) fn not_found() -> Response {
+    let mut response = Response::new(Body::empty());
+    *response.status_mut() = StatusCode::NOT_FOUND;
+    response
+}

@@ -1,0 +1,130 @@
+//! The scheduler process: builds its parts from the config and runs them until shutdown.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use jr_bus::{Bus, ConsumerOptions, ConsumerSpec, Topology};
+use jr_config::Config;
+use tokio_util::sync::CancellationToken;
+
+use crate::facade::{Facade, FacadeSettings, TlsSettings, serve};
+use crate::fetcher::{Dispatcher, Pacing, run_fetchers};
+use crate::ledger::JetStreamLedger;
+use crate::routing::Router;
+use crate::seal::Sealer;
+
+/// Readiness reporting hook (`/readyz`): `(check name, ready)`.
+pub type ReadyFn = Arc<dyn Fn(&'static str, bool) + Send + Sync>;
+
+/// The scheduler's parts that outlive `run` (for metrics and tests).
+pub struct Handles {
+    pub dispatcher: Arc<Dispatcher>,
+    pub facade: Arc<Facade<JetStreamLedger>>,
+}
+
+pub fn sealer_from_config(config: &Config) -> anyhow::Result<Sealer> {
+    let s = &config.scheduler;
+    let mut keys: BTreeMap<String, String> = s.seal_keys.clone();
+    if let Some(path) = &s.seal_keys_file {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading scheduler.seal_keys_file {}", path.display()))?;
+        let table: BTreeMap<String, String> =
+            toml::from_str(&text).with_context(|| format!("{}: expected `key_id = \"base64\"` lines", path.display()))?;
+        keys.extend(table);
+    }
+    let current = s
+        .seal_key_id
+        .clone()
+        .or_else(|| keys.keys().next_back().cloned())
+        .context("scheduler.seal_key_id / scheduler.seal_keys: the scheduler needs a seal key")?;
+    Sealer::new(&current, &keys).context("scheduler.seal_keys")
+}
+
+pub fn tls_from_config(config: &Config) -> anyhow::Result<Option<TlsSettings>> {
+    let f = &config.facade;
+    let (Some(cert), Some(key)) = (&f.tls_cert_file, &f.tls_key_file) else { return Ok(None) };
+    TlsSettings::from_pem_files(cert, key, f.trust_bundle_file.as_deref())
+        .map(Some)
+        .context("facade TLS settings")
+}
+
+/// Runs fetchers, the facade and the fail-task consumer until `shutdown` (or until the forge
+/// says the runner is gone, which is returned as an error).
+pub async fn run(config: Config, bus: Bus, ready: ReadyFn, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let router = Router::from_config(&config);
+    let sealer = Arc::new(sealer_from_config(&config)?);
+    let tls = tls_from_config(&config)?;
+    let commands = ConsumerSpec::scheduler_commands();
+    bus.ensure_topology(&Topology::new().replicas(config.nats.stream_replicas).consumer(commands.clone()))
+        .await
+        .context("declaring streams and consumers")?;
+    ready("nats", true);
+
+    let forge = crate::registration::establish(&config.forge, router.declared_labels(), &shutdown).await?;
+    ready("forge", true);
+
+    let backends: Vec<_> = config.enabled_backends().map(|(n, _)| n).collect();
+    let max_duration = config.enabled_backends().map(|(n, b)| (n, b.max_duration)).collect();
+    let fetchers = config
+        .forge
+        .fetchers
+        .unwrap_or_else(|| config.enabled_backends().map(|(_, b)| b.capacity).sum::<usize>())
+        .max(1);
+    let dispatcher = Arc::new(Dispatcher {
+        bus: bus.clone(),
+        forge: forge.clone(),
+        router,
+        sealer: sealer.clone(),
+        forge_instance: config.forge.url.trim_end_matches('/').to_owned(),
+        max_duration,
+        stats: Default::default(),
+    });
+    let facade = Arc::new(Facade::new(
+        FacadeSettings {
+            mode: config.facade.mode.into(),
+            trust_domain: config.facade.trust_domain.clone(),
+            forge: forge.clone(),
+            forge_base_url: config.forge.url.clone(),
+            sealer,
+            insecure_plain_http: config.facade.insecure_plain_http,
+        },
+        JetStreamLedger::new(bus.clone(), backends),
+    )?);
+    let listener = tokio::net::TcpListener::bind(config.facade.listen)
+        .await
+        .with_context(|| format!("binding facade.listen {}", config.facade.listen))?;
+    tracing::info!(listen = %config.facade.listen, fetchers, "scheduler running");
+
+    let facade_task = {
+        let (f, stop) = (facade.clone(), shutdown.clone());
+        tokio::spawn(async move { serve(listener, f, tls, async move { stop.cancelled().await }).await })
+    };
+    let commands_task = {
+        let (b, forge, stop) = (bus.clone(), forge.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            let handler_bus = b.clone();
+            b.run_consumer(
+                &commands,
+                move |d| {
+                    let (bus, forge) = (handler_bus.clone(), forge.clone());
+                    async move { crate::fail_task::handle(&bus, &forge, d).await }
+                },
+                ConsumerOptions::default().concurrency(4),
+                stop,
+            )
+            .await
+        })
+    };
+    ready("facade", true);
+    let pacing = Pacing { poll_interval: config.forge.poll_interval, max_backoff: config.forge.max_backoff };
+    let fetched = run_fetchers(fetchers, dispatcher, pacing, shutdown.clone()).await;
+    shutdown.cancel();
+    let facade_result = facade_task.await;
+    let _ = commands_task.await;
+    fetched?;
+    match facade_result {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(e.into()),
+        Err(e) => Err(anyhow::anyhow!("facade task failed: {e}")),
+    }
+}

@@ -1,0 +1,567 @@
+//! The facade's executor contract (design §5) over plain HTTP in token mode, against a recording
+//! fake forge and the MemoryLedger.
+
+mod facade_support;
+
+use std::sync::Arc;
+
+use facade_support::*;
+use jr_forge::proto::ping::v1::PingRequest;
+use jr_forge::proto::runner::v1::{
+    DeclareRequest, FetchTaskRequest, LogRow, RegisterRequest, Result as ForgeResult, TaskState,
+    UpdateLogRequest, UpdateTaskRequest,
+};
+use jr_forge::{Code, ForgeClient, ForgeError};
+use jr_protocol::{AssignmentId, TaskResult, TerminalSource};
+use jr_scheduler::facade::{AuthMode, AuthRefusal, Facade};
+
+const TOKEN: &str = "executor-token-of-attempt-1";
+
+fn code_of<T: std::fmt::Debug>(result: Result<T, ForgeError>) -> Code {
+    result
+        .expect_err("call must fail")
+        .code()
+        .expect("a Connect error")
+}
+
+async fn fetch(executor: &ForgeClient) -> Option<jr_forge::proto::runner::v1::Task> {
+    let reply = executor
+        .fetch_task(&FetchTaskRequest { tasks_version: 0 })
+        .await
+        .expect("FetchTask");
+    assert_eq!(
+        reply.tasks_version, 1,
+        "never 0 (would look like a pre-1.21 forge)"
+    );
+    reply.task
+}
+
+fn rows(n: usize) -> Vec<LogRow> {
+    (0..n)
+        .map(|i| LogRow {
+            time: None,
+            content: format!("line {i}"),
+        })
+        .collect()
+}
+
+fn log(task_id: i64, index: i64, n: usize, no_more: bool) -> UpdateLogRequest {
+    UpdateLogRequest {
+        task_id,
+        index,
+        rows: rows(n),
+        no_more,
+    }
+}
+
+fn state(task_id: i64, result: ForgeResult) -> UpdateTaskRequest {
+    UpdateTaskRequest {
+        state: Some(TaskState {
+            id: task_id,
+            result: result as i32,
+            stopped_at: (result != ForgeResult::Unspecified).then_some(prost_types::Timestamp {
+                seconds: 1_700_000_000,
+                nanos: 0,
+            }),
+            ..TaskState::default()
+        }),
+        outputs: Default::default(),
+    }
+}
+
+/// An assignment whose executor has already fetched (claimed) its task.
+async fn claimed(h: &Harness, forge_task_id: i64) -> (AssignmentId, ForgeClient) {
+    let id = add_assignment(h, forge_task_id, Some(TOKEN));
+    let executor = executor(&h.url, id, TOKEN);
+    assert!(
+        fetch(&executor).await.is_some(),
+        "first fetch delivers the task"
+    );
+    (id, executor)
+}
+
+#[tokio::test]
+async fn ping_answers_hello_and_register_is_refused() {
+    let h = start().await;
+    let anonymous =
+        ForgeClient::new(&h.url, None, std::time::Duration::from_secs(5)).expect("client");
+    let pong = anonymous
+        .ping(&PingRequest {
+            data: "runner-7".into(),
+        })
+        .await
+        .expect("ping");
+    assert_eq!(pong.data, "Hello, runner-7!");
+    let refused = anonymous
+        .register(&RegisterRequest {
+            name: "x".into(),
+            token: "reg".into(),
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(code_of(refused), Code::PermissionDenied);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn declare_succeeds_for_the_executor_and_echoes_its_labels() {
+    let h = start().await;
+    let id = add_assignment(&h, 11, Some(TOKEN));
+    let reply = executor(&h.url, id, TOKEN)
+        .declare(&DeclareRequest {
+            version: "v0.2.13".into(),
+            labels: vec!["pod".into(), "self-hosted".into()],
+            capabilities: vec![],
+        })
+        .await
+        .expect("Declare");
+    let runner = reply.runner.expect("runner");
+    assert_eq!(runner.uuid, id.to_string());
+    assert_eq!(runner.labels, vec!["pod", "self-hosted"]);
+    assert_eq!(runner.version, "v0.2.13");
+    assert!(runner.token.is_empty(), "never hands out a token");
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn wrong_token_is_unauthenticated_and_counted() {
+    let h = start().await;
+    let id = add_assignment(&h, 12, Some(TOKEN));
+    let intruder = executor(&h.url, id, "not-the-token");
+    assert_eq!(
+        code_of(intruder.fetch_task(&FetchTaskRequest::default()).await),
+        Code::Unauthenticated
+    );
+    assert_eq!(
+        code_of(intruder.declare(&DeclareRequest::default()).await),
+        Code::Unauthenticated
+    );
+    assert_eq!(h.facade.stats().auth_refused(AuthRefusal::WrongToken), 2);
+    assert!(
+        !h.ledger.record(id).expect("record").view.claimed,
+        "no claim for an intruder"
+    );
+    // The real executor is unaffected.
+    assert!(fetch(&executor(&h.url, id, TOKEN)).await.is_some());
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn invisible_assignment_gets_no_task_instead_of_unauthenticated() {
+    let h = start().await;
+    let future_id = AssignmentId::for_task("http://forge.test", 13);
+    let early = executor(&h.url, future_id, TOKEN);
+    // Not in the ledger at all yet: Declare passes, FetchTask says "no task".
+    early
+        .declare(&DeclareRequest::default())
+        .await
+        .expect("Declare while invisible");
+    assert_eq!(fetch(&early).await, None);
+    // Assignment visible, token hash not yet.
+    let id = add_assignment(&h, 13, None);
+    assert_eq!(id, future_id);
+    assert_eq!(fetch(&early).await, None);
+    assert_eq!(h.facade.stats().fetches_pending, 2);
+    assert_eq!(h.facade.stats().auth_refused_total(), 0);
+    // Reports cannot be made yet, but are not "unregistered" either.
+    assert_eq!(
+        code_of(early.update_log(&log(13, 0, 1, false)).await),
+        Code::Unavailable
+    );
+    // The hash arrives: the task is delivered.
+    h.ledger
+        .set_token_hash(id, Some(jr_scheduler::facade::token_hash(TOKEN)));
+    assert_eq!(fetch(&early).await.map(|t| t.id), Some(13));
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn missing_or_malformed_uuid_is_unauthenticated() {
+    let h = start().await;
+    let bad = ForgeClient::new(&h.url, None, std::time::Duration::from_secs(5))
+        .expect("client")
+        .with_credentials(jr_forge::Credentials {
+            uuid: "not-a-uuid".into(),
+            token: TOKEN.into(),
+        });
+    assert_eq!(
+        code_of(bad.fetch_task(&FetchTaskRequest::default()).await),
+        Code::Unauthenticated
+    );
+    assert_eq!(h.facade.stats().auth_refused(AuthRefusal::InvalidUuid), 1);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn fetch_task_delivers_the_task_exactly_once() {
+    let h = start().await;
+    let id = add_assignment(&h, 21, Some(TOKEN));
+    let first = executor(&h.url, id, TOKEN);
+    let task = fetch(&first).await.expect("task on first fetch");
+    assert_eq!(
+        task,
+        facade_support::task(21),
+        "the unsealed forge task, unchanged"
+    );
+    assert_eq!(fetch(&first).await, None, "same executor fetching again");
+    let second = executor(&h.url, id, TOKEN);
+    assert_eq!(
+        fetch(&second).await,
+        None,
+        "a second executor of the same assignment"
+    );
+    let record = h.ledger.record(id).expect("record");
+    assert_eq!(record.claimed_by.as_deref(), Some("token"));
+    let stats = h.facade.stats();
+    assert_eq!(stats.claims_won, 1);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn concurrent_fetches_across_two_facades_deliver_the_task_once() {
+    let h = start().await;
+    // A second facade replica over the same ledger: only the ledger can settle the race.
+    let twin = Arc::new(
+        Facade::new(
+            settings(AuthMode::Token, &h.forge_url, h.sealer.clone(), true),
+            h.ledger.clone(),
+        )
+        .expect("facade"),
+    );
+    let twin_served = serve_facade(twin.clone(), None).await;
+    let id = add_assignment(&h, 22, Some(TOKEN));
+    let mut calls = tokio::task::JoinSet::new();
+    for i in 0..8 {
+        let url = if i % 2 == 0 {
+            h.url.clone()
+        } else {
+            twin_served.url.clone()
+        };
+        calls.spawn(async move { fetch(&executor(&url, id, TOKEN)).await });
+    }
+    let mut delivered = 0;
+    while let Some(result) = calls.join_next().await {
+        if result.expect("join").is_some() {
+            delivered += 1;
+        }
+    }
+    assert_eq!(delivered, 1);
+    assert_eq!(h.facade.stats().claims_won + twin.stats().claims_won, 1);
+    let _ = twin_served.stop.send(());
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn reports_for_another_task_or_before_claim_are_refused() {
+    let h = start().await;
+    let (_, executor_a) = claimed(&h, 31).await;
+    let _ = add_assignment(&h, 32, Some("other-token"));
+    assert_eq!(
+        code_of(
+            executor_a
+                .update_task(&state(32, ForgeResult::Unspecified))
+                .await
+        ),
+        Code::PermissionDenied
+    );
+    assert_eq!(
+        code_of(executor_a.update_log(&log(32, 0, 1, false)).await),
+        Code::PermissionDenied
+    );
+    let unclaimed = add_assignment(&h, 33, Some(TOKEN));
+    let executor_c = executor(&h.url, unclaimed, TOKEN);
+    assert_eq!(
+        code_of(
+            executor_c
+                .update_task(&state(33, ForgeResult::Unspecified))
+                .await
+        ),
+        Code::PermissionDenied
+    );
+    {
+        let forge = h.forge.lock().expect("lock");
+        assert!(
+            forge.update_tasks.is_empty() && forge.update_logs.is_empty(),
+            "nothing forwarded"
+        );
+    }
+    assert_eq!(h.facade.stats().permission_denied, 3);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn forge_reply_is_returned_unchanged_including_cancellation() {
+    let h = start().await;
+    let (id, executor) = claimed(&h, 41).await;
+    h.forge.lock().expect("lock").cancelled.push(41);
+    let mut heartbeat = state(41, ForgeResult::Unspecified);
+    heartbeat.outputs.insert("artifact".into(), "a.tgz".into());
+    let reply = executor.update_task(&heartbeat).await.expect("heartbeat");
+    let reply_state = reply.state.expect("state");
+    assert_eq!(reply_state.id, 41);
+    assert_eq!(
+        reply_state.result,
+        ForgeResult::Cancelled as i32,
+        "cancellation reaches the executor"
+    );
+    assert_eq!(reply.sent_outputs, vec!["artifact"]);
+    {
+        let forge = h.forge.lock().expect("lock");
+        assert_eq!(forge.update_tasks, vec![heartbeat], "forwarded as sent");
+    }
+    assert!(
+        !h.ledger.record(id).expect("record").view.terminal,
+        "a heartbeat is not final"
+    );
+    // The executor then reports its final state; the forge's CANCELLED becomes the terminal.
+    let reply = executor
+        .update_task(&state(41, ForgeResult::Failure))
+        .await
+        .expect("final");
+    assert_eq!(
+        reply.state.expect("state").result,
+        ForgeResult::Cancelled as i32
+    );
+    let terminal = h
+        .ledger
+        .record(id)
+        .expect("record")
+        .terminal
+        .expect("terminal");
+    assert_eq!(terminal.result, TaskResult::Cancelled);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn forge_errors_pass_through_with_their_code_and_message() {
+    let h = start().await;
+    let (id, executor) = claimed(&h, 42).await;
+    h.forge.lock().expect("lock").next_error =
+        Some((Code::AlreadyExists, "log file has been archived".into()));
+    match executor.update_log(&log(42, 0, 2, false)).await {
+        Err(ForgeError::Connect { code, message, .. }) => {
+            assert_eq!(code, Code::AlreadyExists);
+            assert_eq!(message, "log file has been archived");
+        }
+        other => panic!("expected the forge's error, got {other:?}"),
+    }
+    // A refused final result is not terminal.
+    h.forge.lock().expect("lock").next_error = Some((
+        Code::NotFound,
+        "update task: resource does not exist".into(),
+    ));
+    assert_eq!(
+        code_of(executor.update_task(&state(42, ForgeResult::Success)).await),
+        Code::NotFound
+    );
+    assert!(h.ledger.record(id).expect("record").terminal.is_none());
+    assert_eq!(h.facade.stats().forward_errors, 2);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn final_result_after_closed_log_publishes_one_terminal_with_log_closed() {
+    let h = start().await;
+    let (id, executor) = claimed(&h, 51).await;
+    let ack = executor
+        .update_log(&log(51, 0, 3, false))
+        .await
+        .expect("log");
+    assert_eq!(ack.ack_index, 3);
+    let ack = executor
+        .update_log(&log(51, 3, 2, true))
+        .await
+        .expect("closing log");
+    assert_eq!(ack.ack_index, 5);
+    executor
+        .update_task(&state(51, ForgeResult::Success))
+        .await
+        .expect("final");
+    // act_runner retries its final UpdateTask until it succeeds: an idempotent re-send.
+    executor
+        .update_task(&state(51, ForgeResult::Success))
+        .await
+        .expect("re-send");
+    let record = h.ledger.record(id).expect("record");
+    let terminal = record.terminal.expect("terminal");
+    assert_eq!(terminal.forge_task_id, 51);
+    assert_eq!(terminal.result, TaskResult::Success);
+    assert_eq!(terminal.source, TerminalSource::Executor);
+    assert!(terminal.log_closed);
+    assert_eq!(
+        record.refused_publishes, 0,
+        "the re-send did not try to publish again"
+    );
+    assert_eq!(
+        record.executor_finished, 0,
+        "log_closed on the terminal says it all"
+    );
+    assert_eq!(h.facade.stats().terminals_published, 1);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn log_closed_after_final_result_publishes_executor_finished() {
+    let h = start().await;
+    let (id, executor) = claimed(&h, 52).await;
+    executor
+        .update_log(&log(52, 0, 2, false))
+        .await
+        .expect("log");
+    executor
+        .update_task(&state(52, ForgeResult::Failure))
+        .await
+        .expect("final first");
+    let record = h.ledger.record(id).expect("record");
+    let terminal = record.terminal.expect("terminal");
+    assert_eq!(terminal.result, TaskResult::Failure);
+    assert!(!terminal.log_closed);
+    assert_eq!(record.executor_finished, 0);
+    // Older act_runner uploads its last rows after the result.
+    let ack = executor
+        .update_log(&log(52, 2, 4, true))
+        .await
+        .expect("last rows");
+    assert_eq!(ack.ack_index, 6);
+    assert_eq!(h.ledger.record(id).expect("record").executor_finished, 1);
+    // A re-send of the closing call is accepted and does not publish again.
+    executor
+        .update_log(&log(52, 2, 4, true))
+        .await
+        .expect("re-send");
+    assert_eq!(h.ledger.record(id).expect("record").executor_finished, 1);
+    assert_eq!(h.facade.stats().executor_finished_published, 1);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn calls_after_terminal_are_refused_except_idempotent_resends() {
+    let h = start().await;
+    let (_, executor) = claimed(&h, 53).await;
+    executor
+        .update_log(&log(53, 0, 4, true))
+        .await
+        .expect("closing log");
+    executor
+        .update_task(&state(53, ForgeResult::Success))
+        .await
+        .expect("final");
+    let forwarded_before = h.facade.stats().forwarded_calls;
+
+    assert_eq!(
+        code_of(
+            executor
+                .update_task(&state(53, ForgeResult::Unspecified))
+                .await
+        ),
+        Code::FailedPrecondition
+    );
+    assert_eq!(
+        code_of(executor.update_task(&state(53, ForgeResult::Failure)).await),
+        Code::FailedPrecondition
+    );
+    assert_eq!(
+        code_of(executor.update_log(&log(53, 4, 1, false)).await),
+        Code::FailedPrecondition
+    );
+    assert_eq!(h.facade.stats().refused_after_terminal, 3);
+    assert_eq!(
+        h.facade.stats().forwarded_calls,
+        forwarded_before,
+        "refusals never reach the forge"
+    );
+
+    executor
+        .update_task(&state(53, ForgeResult::Success))
+        .await
+        .expect("same final result");
+    let ack = executor
+        .update_log(&log(53, 2, 2, true))
+        .await
+        .expect("re-send inside the acked range");
+    assert_eq!(ack.ack_index, 4);
+    assert_eq!(fetch(&executor).await, None);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn unknown_paths_are_not_found() {
+    let h = start().await;
+    let http = reqwest::Client::new();
+    for path in [
+        "/api/v1/repos/o/r",
+        "/api/actions/runner.v1.RunnerService/FetchSingleTask",
+        "/_apisx/foo",
+        "/_apis/../api/v1/admin",
+    ] {
+        let status = http
+            .post(format!("{}{path}", h.url))
+            .send()
+            .await
+            .expect("send")
+            .status();
+        assert_eq!(status, reqwest::StatusCode::NOT_FOUND, "{path}");
+    }
+    assert_eq!(h.facade.stats().proxied_requests, 0);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn proxy_streams_bodies_to_the_forge_and_back_unchanged() {
+    let h = start().await;
+    let payload: Vec<u8> = (0..(3 * 1024 * 1024 + 17))
+        .map(|i| (i % 251) as u8)
+        .collect();
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+        payload.chunks(64 * 1024).map(|c| Ok(c.to_vec())).collect();
+    let http = reqwest::Client::new();
+    let answer = http
+        .put(format!(
+            "{}/_apis/artifactcache/caches/7?version=abc",
+            h.url
+        ))
+        .header("authorization", "Bearer runtime-token")
+        .header("x-runner-token", "must-not-leak")
+        .header("x-runner-uuid", "must-not-leak-either")
+        .body(reqwest::Body::wrap_stream(futures::stream::iter(chunks)))
+        .send()
+        .await
+        .expect("proxied PUT");
+    assert_eq!(answer.status(), reqwest::StatusCode::CREATED);
+    assert_eq!(
+        answer.headers()["x-forge-saw"],
+        "PUT /gitea/_apis/artifactcache/caches/7?version=abc"
+    );
+    let echoed = answer.bytes().await.expect("body");
+    assert_eq!(echoed.len(), payload.len());
+    assert!(
+        echoed.as_ref() == payload.as_slice(),
+        "body round-trips unchanged"
+    );
+
+    let answer = http
+        .get(format!(
+            "{}/api/actions_pipeline/_apis/pipelines/workflows/9/artifacts",
+            h.url
+        ))
+        .send()
+        .await
+        .expect("proxied GET");
+    assert_eq!(answer.status(), reqwest::StatusCode::CREATED);
+    assert_eq!(
+        answer.headers()["x-forge-saw"],
+        "GET /gitea/api/actions_pipeline/_apis/pipelines/workflows/9/artifacts?"
+    );
+
+    {
+        let forge = h.forge.lock().expect("lock");
+        let seen = &forge.proxied_headers[0];
+        assert_eq!(
+            seen["authorization"], "Bearer runtime-token",
+            "the caller's own auth is kept"
+        );
+        assert!(seen.get("x-runner-token").is_none() && seen.get("x-runner-uuid").is_none());
+    }
+    assert_eq!(h.facade.stats().proxied_requests, 2);
+    h.stop().await;
+}

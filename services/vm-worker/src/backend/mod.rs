@@ -1,0 +1,519 @@
+//! [`VmBackend`]: `jr_worker::Backend` over pooled OpenSandbox sandboxes.
+//!
+//! The API has no client-chosen ids and no idempotency key, so every sandbox carries label-safe
+//! metadata naming its assignment attempt, and `create` looks for an existing one by that
+//! metadata before and (when the outcome is unknown) after creating. There is no watch either:
+//! [`VmBackend::observe`] polls one paged list of all our sandboxes per cycle.
+
+mod observe;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use jr_protocol::{AssignmentId, BackendName, WorkloadPhase};
+use jr_worker::{Backend, BackendError, ObservedWorkload, WorkloadSpec};
+use time::OffsetDateTime;
+use tokio::sync::{Notify, mpsc};
+
+use crate::opensandbox::{
+    CreateSandbox, MIN_TIMEOUT_SECS, Sandbox, SandboxClient, SandboxError, SandboxState,
+    SandboxStatus, sanitize_label_value,
+};
+
+/// Metadata keys jetrunner writes on every sandbox (all label-safe; values are sanitised).
+pub const LABEL_ASSIGNMENT: &str = "jetrunner.io/assignment";
+pub const LABEL_ATTEMPT: &str = "jetrunner.io/attempt";
+pub const LABEL_BACKEND: &str = "jetrunner.io/backend";
+pub const LABEL_WORKER: &str = "jetrunner.io/worker";
+pub const LABEL_PROVIDER: &str = "jetrunner.io/provider";
+/// Unix seconds until which the sandbox must live (job limit + grace); drives renewal and
+/// survives restarts of the worker.
+pub const LABEL_DEADLINE: &str = "jetrunner.io/deadline";
+
+pub const DEFAULT_POOL: &str = "ci-vm";
+
+/// How `observe` polls.
+#[derive(Clone, Debug)]
+pub struct PollConfig {
+    /// Interval while some sandbox is in transition (pending, stopping, unknown, just created).
+    pub active: Duration,
+    /// Interval while every sandbox is steady (running, failed) or there are none.
+    pub steady: Duration,
+    /// Upper bound of the back-off while the server fails.
+    pub max_backoff: Duration,
+    /// Consecutive failed polls after which every tracked sandbox is reported
+    /// `Unknown`/`backend-unreachable`.
+    pub unreachable_after: u32,
+    /// Renew the expiry when it is this close and earlier than the sandbox's deadline.
+    pub renew_ahead: Duration,
+    /// Minimum time between two renewals of one sandbox (the server may cap expiries).
+    pub renew_every: Duration,
+}
+
+impl Default for PollConfig {
+    fn default() -> Self {
+        Self {
+            active: Duration::from_secs(1),
+            steady: Duration::from_secs(5),
+            max_backoff: Duration::from_secs(30),
+            unreachable_after: 3,
+            renew_ahead: Duration::from_secs(600),
+            renew_every: Duration::from_secs(60),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct VmBackendConfig {
+    pub backend: BackendName,
+    /// Stable identity of this worker (keep it across restarts: list and observe only see
+    /// sandboxes labelled with it).
+    pub worker_id: String,
+    /// `extensions.poolRef` for specs without a provider, or whose provider has no entry below.
+    pub pool: String,
+    /// Provider name → pool.
+    pub provider_pools: BTreeMap<String, String>,
+    /// Command for the pool task; `None` lets the Pool's image decide.
+    pub entrypoint: Option<Vec<String>>,
+    /// Added to the job's `max_duration` for the sandbox TTL (a safety net against leaks; the
+    /// reconciler deletes sandboxes long before).
+    pub expiry_grace: Duration,
+    pub poll: PollConfig,
+}
+
+impl VmBackendConfig {
+    pub fn new(backend: BackendName, worker_id: impl Into<String>) -> Self {
+        Self {
+            backend,
+            worker_id: worker_id.into(),
+            pool: DEFAULT_POOL.to_owned(),
+            provider_pools: BTreeMap::new(),
+            entrypoint: None,
+            expiry_grace: Duration::from_secs(600),
+            poll: PollConfig::default(),
+        }
+    }
+}
+
+/// Cheap to clone; clones share the tracked set.
+#[derive(Clone)]
+pub struct VmBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: SandboxClient,
+    config: VmBackendConfig,
+    /// Metadata filter matching every sandbox of this worker and backend.
+    owner_filter: BTreeMap<String, String>,
+    tracked: Mutex<HashMap<String, Tracked>>,
+    /// Wakes the poller early after a create or delete.
+    wake: Notify,
+}
+
+/// What the poller remembers about one sandbox of ours.
+struct Tracked {
+    assignment_id: AssignmentId,
+    attempt: u32,
+    last: Option<WorkloadPhase>,
+    unreachable_reported: bool,
+    last_renew: Option<Instant>,
+}
+
+impl Tracked {
+    fn new(assignment_id: AssignmentId, attempt: u32) -> Self {
+        Self {
+            assignment_id,
+            attempt,
+            last: None,
+            unreachable_reported: false,
+            last_renew: None,
+        }
+    }
+
+    /// Records `phase`; true when it must be reported.
+    fn update(&mut self, phase: WorkloadPhase) -> bool {
+        let changed = self.unreachable_reported || self.last != Some(phase);
+        self.last = Some(phase);
+        self.unreachable_reported = false;
+        changed
+    }
+
+    fn observed(
+        &self,
+        workload: &str,
+        phase: WorkloadPhase,
+        reason: Option<String>,
+    ) -> ObservedWorkload {
+        ObservedWorkload {
+            workload: workload.to_owned(),
+            assignment_id: self.assignment_id,
+            attempt: self.attempt,
+            phase,
+            reason,
+        }
+    }
+}
+
+/// Doc §6.2 mapping: `Terminated | Failed` terminal, `Stopping` terminating, unknown strings
+/// non-terminal. (A 404 is `Gone`, decided by the caller.)
+pub fn phase_of(status: &SandboxStatus) -> (WorkloadPhase, Option<String>) {
+    let reason = || {
+        status
+            .reason
+            .as_deref()
+            .map(|r| r.to_ascii_lowercase().replace('_', "-"))
+    };
+    match &status.state {
+        SandboxState::Running => (WorkloadPhase::Running, None),
+        SandboxState::Pending | SandboxState::Allocated => (WorkloadPhase::Pending, None),
+        SandboxState::Stopping => (WorkloadPhase::Terminating, None),
+        SandboxState::Terminated => (WorkloadPhase::Succeeded, reason()),
+        SandboxState::Failed => (
+            WorkloadPhase::Failed,
+            reason().or_else(|| Some("failed".into())),
+        ),
+        SandboxState::Pausing
+        | SandboxState::Paused
+        | SandboxState::Resuming
+        | SandboxState::Unknown
+        | SandboxState::Other(_) => (
+            WorkloadPhase::Unknown,
+            Some(status.state.as_str().to_ascii_lowercase()),
+        ),
+    }
+}
+
+/// The assignment attempt a sandbox belongs to, from its metadata.
+fn ownership(sandbox: &Sandbox) -> Option<(AssignmentId, u32)> {
+    let assignment = sandbox.metadata.get(LABEL_ASSIGNMENT)?.parse().ok()?;
+    let attempt = sandbox.metadata.get(LABEL_ATTEMPT)?.parse().ok()?;
+    Some((assignment, attempt))
+}
+
+/// The one mapping from API errors to worker dispositions.
+fn backend_error(op: &'static str, error: SandboxError) -> BackendError {
+    match error {
+        SandboxError::CapacityExhausted { retry_after, .. } => {
+            BackendError::Full { op, retry_after }
+        }
+        SandboxError::PoolNotFound { message, .. } => BackendError::Permanent {
+            op,
+            message: format!(
+                "OpenSandbox pool not found (check the Pool CR and extensions.poolRef): {message}"
+            ),
+        },
+        SandboxError::QuotaExceeded { message, .. } => BackendError::Permanent {
+            op,
+            message: format!("Kubernetes ResourceQuota refused the sandbox: {message}"),
+        },
+        e @ (SandboxError::Forbidden { .. }
+        | SandboxError::Invalid { .. }
+        | SandboxError::Config(_)) => BackendError::Permanent {
+            op,
+            message: e.to_string(),
+        },
+        // A wrong API key is an operator mistake that can be fixed without failing jobs.
+        e @ SandboxError::Unauthorized { .. } => BackendError::Transient {
+            op,
+            message: e.to_string(),
+            retry_after: Some(Duration::from_secs(30)),
+        },
+        e @ (SandboxError::ReadyTimeout { .. }
+        | SandboxError::NotFound { .. }
+        | SandboxError::Conflict { .. }
+        | SandboxError::Server { .. }
+        | SandboxError::Connect { .. }
+        | SandboxError::Transport { .. }
+        | SandboxError::Timeout { .. }
+        | SandboxError::Decode { .. }
+        | SandboxError::Unexpected { .. }) => BackendError::Transient {
+            op,
+            message: e.to_string(),
+            retry_after: None,
+        },
+    }
+}
+
+impl VmBackend {
+    pub fn new(client: SandboxClient, config: VmBackendConfig) -> Self {
+        let owner_filter = BTreeMap::from([
+            (
+                LABEL_BACKEND.to_owned(),
+                sanitize_label_value(config.backend.as_str()),
+            ),
+            (
+                LABEL_WORKER.to_owned(),
+                sanitize_label_value(&config.worker_id),
+            ),
+        ]);
+        Self {
+            inner: Arc::new(Inner {
+                client,
+                config,
+                owner_filter,
+                tracked: Mutex::new(HashMap::new()),
+                wake: Notify::new(),
+            }),
+        }
+    }
+
+    pub fn client(&self) -> &SandboxClient {
+        &self.inner.client
+    }
+
+    /// Metadata filter selecting one attempt's sandboxes, whichever worker made them (a
+    /// redelivery may reach another replica).
+    fn attempt_filter(
+        &self,
+        assignment_id: AssignmentId,
+        attempt: u32,
+    ) -> BTreeMap<String, String> {
+        let backend = sanitize_label_value(self.inner.config.backend.as_str());
+        BTreeMap::from([
+            (LABEL_BACKEND.to_owned(), backend),
+            (LABEL_ASSIGNMENT.to_owned(), assignment_id.to_string()),
+            (LABEL_ATTEMPT.to_owned(), attempt.to_string()),
+        ])
+    }
+
+    fn request_for(&self, spec: &WorkloadSpec) -> CreateSandbox {
+        let config = &self.inner.config;
+        let ttl = (spec.max_duration + config.expiry_grace)
+            .as_secs()
+            .max(MIN_TIMEOUT_SECS);
+        let deadline = OffsetDateTime::now_utc()
+            .unix_timestamp()
+            .saturating_add_unsigned(ttl);
+        let mut metadata = self.attempt_filter(spec.assignment_id, spec.attempt);
+        metadata.extend(self.inner.owner_filter.clone());
+        metadata.insert(LABEL_DEADLINE.to_owned(), deadline.to_string());
+        let pool = match &spec.provider {
+            Some(provider) => {
+                metadata.insert(LABEL_PROVIDER.to_owned(), sanitize_label_value(provider));
+                config.provider_pools.get(provider).unwrap_or(&config.pool)
+            }
+            None => &config.pool,
+        };
+        CreateSandbox {
+            pool: pool.clone(),
+            timeout_secs: Some(ttl),
+            metadata,
+            env: spec.executor_env(),
+            entrypoint: config.entrypoint.clone(),
+        }
+    }
+
+    /// Picks the sandbox an attempt keeps among those found by metadata and deletes the rest, so
+    /// exactly one lives per attempt. `Stopping` ones are on their way out (deleted, expired, or
+    /// cleaned up by the server after a failed create) and are ignored.
+    async fn adopt(&self, found: Vec<Sandbox>, spec: &WorkloadSpec) -> Option<String> {
+        let mut live: Vec<Sandbox> = found
+            .into_iter()
+            .filter(|s| s.status.state != SandboxState::Stopping)
+            .collect();
+        // Prefer a running one (its executor may already work), then the oldest.
+        live.sort_by(|a, b| {
+            let rank = |s: &Sandbox| s.status.state != SandboxState::Running;
+            (rank(a), a.created_at, &a.id).cmp(&(rank(b), b.created_at, &b.id))
+        });
+        let mut live = live.into_iter();
+        let keep = live.next()?;
+        for extra in live {
+            tracing::warn!(sandbox = %extra.id, keep = %keep.id, assignment = %spec.assignment_id,
+                attempt = spec.attempt, "deleting a duplicate sandbox of one attempt");
+            if let Err(e) = self.inner.client.delete(&extra.id).await {
+                tracing::warn!(sandbox = %extra.id, error = %e, "deleting a duplicate sandbox failed");
+            }
+        }
+        self.track(&keep.id, spec.assignment_id, spec.attempt);
+        Some(keep.id)
+    }
+
+    fn tracked(&self) -> MutexGuard<'_, HashMap<String, Tracked>> {
+        // A panic while holding the lock leaves the map consistent (plain inserts/removes).
+        self.inner
+            .tracked
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn track(&self, id: &str, assignment_id: AssignmentId, attempt: u32) {
+        self.tracked()
+            .entry(id.to_owned())
+            .or_insert_with(|| Tracked::new(assignment_id, attempt));
+        self.inner.wake.notify_one();
+    }
+}
+
+impl Backend for VmBackend {
+    async fn create(&self, spec: &WorkloadSpec) -> Result<String, BackendError> {
+        let filter = self.attempt_filter(spec.assignment_id, spec.attempt);
+        let client = &self.inner.client;
+        let existing = client
+            .list_all(&filter)
+            .await
+            .map_err(|e| backend_error("create", e))?;
+        if let Some(id) = self.adopt(existing, spec).await {
+            tracing::info!(sandbox = %id, assignment = %spec.assignment_id, attempt = spec.attempt,
+                "adopted the existing sandbox of this attempt");
+            return Ok(id);
+        }
+        match client.create(&self.request_for(spec)).await {
+            Ok(sandbox) => {
+                tracing::info!(sandbox = %sandbox.id, assignment = %spec.assignment_id,
+                    attempt = spec.attempt, state = %sandbox.status.state, "sandbox created");
+                self.track(&sandbox.id, spec.assignment_id, spec.attempt);
+                Ok(sandbox.id)
+            }
+            Err(error) if error.create_outcome_unknown() => {
+                tracing::warn!(assignment = %spec.assignment_id, attempt = spec.attempt, %error,
+                    "create outcome unknown; looking for what the server made");
+                let found = client
+                    .list_all(&filter)
+                    .await
+                    .map_err(|e| backend_error("create", e))?;
+                match self.adopt(found, spec).await {
+                    Some(id) => Ok(id),
+                    None => Err(backend_error("create", error)),
+                }
+            }
+            Err(error) => Err(backend_error("create", error)),
+        }
+    }
+
+    async fn delete(&self, workload: &str) -> Result<(), BackendError> {
+        let deleted = self
+            .inner
+            .client
+            .delete(workload)
+            .await
+            .map_err(|e| backend_error("delete", e))?;
+        tracing::info!(
+            sandbox = workload,
+            already_gone = !deleted,
+            "sandbox deleted"
+        );
+        self.inner.wake.notify_one();
+        Ok(())
+    }
+
+    async fn list(&self) -> Result<Vec<ObservedWorkload>, BackendError> {
+        let sandboxes = self
+            .inner
+            .client
+            .list_all(&self.inner.owner_filter)
+            .await
+            .map_err(|e| backend_error("list", e))?;
+        let mut observed = Vec::with_capacity(sandboxes.len());
+        for sandbox in sandboxes {
+            let Some((assignment_id, attempt)) = ownership(&sandbox) else {
+                tracing::warn!(sandbox = %sandbox.id, "sandbox with our owner labels but no attempt labels");
+                continue;
+            };
+            let (phase, reason) = phase_of(&sandbox.status);
+            self.track(&sandbox.id, assignment_id, attempt);
+            observed.push(ObservedWorkload {
+                workload: sandbox.id,
+                assignment_id,
+                attempt,
+                phase,
+                reason,
+            });
+        }
+        Ok(observed)
+    }
+
+    async fn observe(
+        &self,
+        tx: mpsc::Sender<ObservedWorkload>,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) {
+        observe::run(self, tx, shutdown).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(state: &str, reason: Option<&str>) -> SandboxStatus {
+        SandboxStatus {
+            state: SandboxState::from(state.to_owned()),
+            reason: reason.map(str::to_owned),
+            message: None,
+            last_transition_at: None,
+        }
+    }
+
+    #[test]
+    fn states_map_to_phases_per_the_doc() {
+        assert_eq!(
+            phase_of(&status("Running", Some("RUNNING"))),
+            (WorkloadPhase::Running, None)
+        );
+        assert_eq!(
+            phase_of(&status("Allocated", Some("IP_ASSIGNED"))).0,
+            WorkloadPhase::Pending
+        );
+        assert_eq!(phase_of(&status("Pending", None)).0, WorkloadPhase::Pending);
+        assert_eq!(
+            phase_of(&status("Stopping", Some("DELETING"))).0,
+            WorkloadPhase::Terminating
+        );
+        assert_eq!(
+            phase_of(&status("Failed", Some("TASK_FAILED"))),
+            (WorkloadPhase::Failed, Some("task-failed".into()))
+        );
+        assert_eq!(
+            phase_of(&status("Terminated", None)).0,
+            WorkloadPhase::Succeeded
+        );
+        let (phase, reason) = phase_of(&status("Hibernating", None));
+        assert_eq!(
+            (phase, reason.as_deref()),
+            (WorkloadPhase::Unknown, Some("hibernating"))
+        );
+        assert!(!phase.is_terminal());
+    }
+
+    #[test]
+    fn errors_map_to_worker_dispositions() {
+        let full = backend_error(
+            "create",
+            SandboxError::CapacityExhausted {
+                op: "create",
+                retry_after: Duration::from_secs(7),
+                message: String::new(),
+            },
+        );
+        assert!(
+            matches!(full, BackendError::Full { retry_after, .. } if retry_after == Duration::from_secs(7))
+        );
+        let pool = backend_error(
+            "create",
+            SandboxError::PoolNotFound {
+                op: "create",
+                message: "ci-vm".into(),
+            },
+        );
+        assert_eq!(pool.kind(), "permanent");
+        let quota = backend_error(
+            "create",
+            SandboxError::QuotaExceeded {
+                op: "create",
+                message: "q".into(),
+            },
+        );
+        assert_eq!(quota.kind(), "permanent");
+        let ready = backend_error(
+            "create",
+            SandboxError::ReadyTimeout {
+                op: "create",
+                message: "t".into(),
+            },
+        );
+        assert_eq!(ready.kind(), "transient");
+    }
+}

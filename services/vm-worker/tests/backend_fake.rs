@@ -1,0 +1,429 @@
+//! `VmBackend` against the fake OpenSandbox server.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use jr_fake_sandbox::{FakeConfig, FakeSandbox, SandboxState};
+use jr_protocol::{AssignmentId, BackendName, WorkloadPhase};
+use jr_worker::{Backend, BackendError, ObservedWorkload, WorkloadSpec};
+use tokio::sync::{mpsc, oneshot};
+use vm_worker::backend::{
+    LABEL_ASSIGNMENT, LABEL_ATTEMPT, LABEL_WORKER, PollConfig, VmBackend, VmBackendConfig,
+};
+use vm_worker::opensandbox::{ClientConfig, CreateSandbox, SandboxClient};
+
+const API_KEY: &str = "test-key";
+const WAIT: Duration = Duration::from_secs(10);
+
+fn fake_config(pool_capacity: usize) -> FakeConfig {
+    FakeConfig {
+        api_key: Some(API_KEY.to_owned()),
+        pools: BTreeMap::from([("ci-vm".to_owned(), pool_capacity)]),
+        pool_acquisition_timeout: Duration::from_millis(200),
+        stopping_for: Duration::from_millis(150),
+        ..FakeConfig::default()
+    }
+}
+
+fn client(fake: &FakeSandbox, create_timeout: Duration) -> SandboxClient {
+    let mut config = ClientConfig::new(fake.base_url(), Some(API_KEY.to_owned()));
+    config.create_timeout = create_timeout;
+    config.request_timeout = Duration::from_secs(5);
+    SandboxClient::new(config).expect("client")
+}
+
+fn backend_with(
+    fake: &FakeSandbox,
+    create_timeout: Duration,
+    edit: impl FnOnce(&mut VmBackendConfig),
+) -> VmBackend {
+    let mut config = VmBackendConfig::new(BackendName::new("vm").expect("name"), "vm-worker-1");
+    config.poll = PollConfig {
+        active: Duration::from_millis(30),
+        steady: Duration::from_millis(60),
+        max_backoff: Duration::from_millis(120),
+        unreachable_after: 2,
+        ..PollConfig::default()
+    };
+    edit(&mut config);
+    VmBackend::new(client(fake, create_timeout), config)
+}
+
+fn backend(fake: &FakeSandbox) -> VmBackend {
+    backend_with(fake, Duration::from_secs(10), |_| {})
+}
+
+fn spec() -> WorkloadSpec {
+    WorkloadSpec {
+        assignment_id: AssignmentId(uuid::Uuid::new_v4()),
+        attempt: 1,
+        backend: BackendName::new("vm").expect("name"),
+        provider: None,
+        labels: vec!["vm".into()],
+        max_duration: Duration::from_secs(3600),
+        worker_id: "vm-worker-1".into(),
+        facade_url: "http://facade.test".into(),
+        executor_token: "per-attempt-secret".into(),
+    }
+}
+
+/// Sandboxes the fake made for one attempt that got a VM.
+fn created_for(fake: &FakeSandbox, spec: &WorkloadSpec) -> Vec<String> {
+    let assignment = spec.assignment_id.to_string();
+    fake.created()
+        .into_iter()
+        .filter(|c| c.allocated && c.metadata.get(LABEL_ASSIGNMENT) == Some(&assignment))
+        .map(|c| c.id)
+        .collect()
+}
+
+/// Sandboxes of one attempt that exist and are not on their way out.
+fn live_for(fake: &FakeSandbox, spec: &WorkloadSpec) -> Vec<String> {
+    let assignment = spec.assignment_id.to_string();
+    fake.sandboxes()
+        .into_iter()
+        .filter(|s| {
+            s.state != SandboxState::Stopping
+                && s.metadata.get(LABEL_ASSIGNMENT) == Some(&assignment)
+        })
+        .map(|s| s.id)
+        .collect()
+}
+
+async fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
+    tokio::time::timeout(WAIT, async {
+        while !condition() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("timed out waiting for {what}"));
+}
+
+/// Observations received until one matches.
+async fn observe_until(
+    rx: &mut mpsc::Receiver<ObservedWorkload>,
+    seen: &mut Vec<ObservedWorkload>,
+    matches: impl Fn(&ObservedWorkload) -> bool,
+) -> ObservedWorkload {
+    tokio::time::timeout(WAIT, async {
+        loop {
+            let observed = rx.recv().await.expect("observer stopped");
+            seen.push(observed.clone());
+            if matches(&observed) {
+                return observed;
+            }
+        }
+    })
+    .await
+    .expect("timed out waiting for an observation")
+}
+
+struct Observer {
+    rx: mpsc::Receiver<ObservedWorkload>,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Observer {
+    fn start(backend: &VmBackend) -> Self {
+        let (tx, rx) = mpsc::channel(64);
+        let (stop, stopped) = oneshot::channel::<()>();
+        let backend = backend.clone();
+        let task = tokio::spawn(async move {
+            backend
+                .observe(tx, async move {
+                    let _ = stopped.await;
+                })
+                .await;
+        });
+        Self {
+            rx,
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    async fn shutdown(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        tokio::time::timeout(WAIT, self.task)
+            .await
+            .expect("observer stops on shutdown")
+            .expect("observer task");
+    }
+}
+
+#[tokio::test]
+async fn create_is_idempotent_across_a_client_side_timeout() {
+    let fake = FakeSandbox::start(fake_config(5)).await.expect("fake");
+    fake.set_create_reply_delay(Duration::from_millis(1500));
+    let backend = backend_with(&fake, Duration::from_millis(300), |_| {});
+    let spec = spec();
+
+    let id = backend
+        .create(&spec)
+        .await
+        .expect("create adopts what the server made");
+    assert_eq!(created_for(&fake, &spec), vec![id.clone()]);
+    let sandbox = fake.sandbox(&id).expect("sandbox exists");
+    assert_eq!(sandbox.state, SandboxState::Running);
+    assert_eq!(
+        sandbox
+            .env
+            .get("JETRUNNER_RUNNER_TOKEN")
+            .map(String::as_str),
+        Some("per-attempt-secret")
+    );
+    assert_eq!(
+        sandbox.env.get("JETRUNNER_ASSIGNMENT_ID"),
+        Some(&spec.assignment_id.to_string())
+    );
+    assert_eq!(
+        sandbox.env.get("JETRUNNER_FACADE_URL").map(String::as_str),
+        Some("http://facade.test")
+    );
+    assert_eq!(
+        sandbox.metadata.get(LABEL_ATTEMPT).map(String::as_str),
+        Some("1")
+    );
+    assert_eq!(
+        sandbox.metadata.get(LABEL_WORKER).map(String::as_str),
+        Some("vm-worker-1")
+    );
+
+    // A redelivery of the same assignment finds the sandbox instead of making another.
+    fake.set_create_reply_delay(Duration::ZERO);
+    assert_eq!(backend.create(&spec).await.expect("second create"), id);
+    assert_eq!(created_for(&fake, &spec), vec![id]);
+}
+
+#[tokio::test]
+async fn duplicates_of_one_attempt_are_reduced_to_one() {
+    let fake = FakeSandbox::start(fake_config(5)).await.expect("fake");
+    let backend = backend(&fake);
+    let spec = spec();
+    // Two sandboxes for the same attempt, as an earlier race could have left behind.
+    let raw = client(&fake, Duration::from_secs(10));
+    let metadata = BTreeMap::from([
+        ("jetrunner.io/backend".to_owned(), "vm".to_owned()),
+        (LABEL_WORKER.to_owned(), "vm-worker-1".to_owned()),
+        (LABEL_ASSIGNMENT.to_owned(), spec.assignment_id.to_string()),
+        (LABEL_ATTEMPT.to_owned(), "1".to_owned()),
+    ]);
+    let request = CreateSandbox {
+        pool: "ci-vm".into(),
+        timeout_secs: Some(600),
+        metadata,
+        ..CreateSandbox::default()
+    };
+    let first = raw.create(&request).await.expect("first duplicate");
+    let second = raw.create(&request).await.expect("second duplicate");
+
+    let id = backend.create(&spec).await.expect("create adopts one");
+    assert!(
+        id == first.id || id == second.id,
+        "an existing sandbox is kept"
+    );
+    assert_eq!(live_for(&fake, &spec), vec![id]);
+    assert_eq!(
+        created_for(&fake, &spec).len(),
+        2,
+        "no third sandbox was made"
+    );
+}
+
+#[tokio::test]
+async fn exhausted_pool_reports_full_with_retry_after() {
+    let fake = FakeSandbox::start(fake_config(1)).await.expect("fake");
+    let backend = backend(&fake);
+    backend.create(&spec()).await.expect("first create fits");
+
+    let refused = spec();
+    match backend.create(&refused).await {
+        Err(BackendError::Full { retry_after, .. }) => {
+            assert_eq!(retry_after, Duration::from_secs(1))
+        }
+        other => panic!("expected Full, got {other:?}"),
+    }
+    assert_eq!(fake.max_live(), 1);
+    assert!(created_for(&fake, &refused).is_empty());
+    wait_until("the refused sandbox is cleaned up", || {
+        !fake
+            .sandboxes()
+            .iter()
+            .any(|s| s.metadata.get(LABEL_ASSIGNMENT) == Some(&refused.assignment_id.to_string()))
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn missing_pool_is_permanent() {
+    let fake = FakeSandbox::start(fake_config(1)).await.expect("fake");
+    let backend = backend_with(&fake, Duration::from_secs(10), |c| {
+        c.pool = "no-such-pool".into()
+    });
+    match backend.create(&spec()).await {
+        Err(BackendError::Permanent { message, .. }) => {
+            assert!(message.contains("pool not found"), "{message}")
+        }
+        other => panic!("expected Permanent, got {other:?}"),
+    }
+    assert!(fake.created().is_empty());
+}
+
+#[tokio::test]
+async fn ready_timeout_is_transient_and_the_retry_makes_a_fresh_sandbox() {
+    let fake = FakeSandbox::start(fake_config(2)).await.expect("fake");
+    let backend = backend(&fake);
+    let spec = spec();
+    fake.fail_next_creates_with_ready_timeout(1);
+    match backend.create(&spec).await {
+        Err(error @ BackendError::Transient { .. }) => {
+            assert!(error.to_string().contains("not ready"), "{error}")
+        }
+        other => panic!("expected Transient, got {other:?}"),
+    }
+    // The server's clean-up leaves the first one Stopping; the retry must not adopt it.
+    let id = backend.create(&spec).await.expect("retry");
+    assert_eq!(live_for(&fake, &spec), vec![id.clone()]);
+    assert_eq!(
+        fake.sandbox(&id).map(|s| s.state),
+        Some(SandboxState::Running)
+    );
+}
+
+#[tokio::test]
+async fn deleting_a_missing_sandbox_succeeds() {
+    let fake = FakeSandbox::start(fake_config(1)).await.expect("fake");
+    let backend = backend(&fake);
+    backend
+        .delete("00000000-0000-4000-8000-000000000000")
+        .await
+        .expect("missing is fine");
+    let id = backend.create(&spec()).await.expect("create");
+    backend.delete(&id).await.expect("delete");
+    wait_until("the sandbox is gone", || fake.sandbox(&id).is_none()).await;
+    backend.delete(&id).await.expect("deleting again is fine");
+}
+
+#[tokio::test]
+async fn polling_observes_running_then_gone_after_delete() {
+    let fake = FakeSandbox::start(fake_config(2)).await.expect("fake");
+    let backend = backend(&fake);
+    let mut observer = Observer::start(&backend);
+    let spec = spec();
+    let id = backend.create(&spec).await.expect("create");
+    let mut seen = Vec::new();
+
+    let running = observe_until(&mut observer.rx, &mut seen, |o| {
+        o.workload == id && o.phase == WorkloadPhase::Running
+    })
+    .await;
+    assert_eq!(
+        (running.assignment_id, running.attempt),
+        (spec.assignment_id, 1)
+    );
+    backend.delete(&id).await.expect("delete");
+    observe_until(&mut observer.rx, &mut seen, |o| {
+        o.workload == id && o.phase == WorkloadPhase::Gone
+    })
+    .await;
+
+    let phases: Vec<WorkloadPhase> = seen
+        .iter()
+        .filter(|o| o.workload == id)
+        .map(|o| o.phase)
+        .collect();
+    assert!(
+        phases.windows(2).all(|w| w[0] != w[1]),
+        "only changes are reported: {phases:?}"
+    );
+    assert_eq!(phases.first(), Some(&WorkloadPhase::Running));
+    assert_eq!(phases.last(), Some(&WorkloadPhase::Gone));
+    assert!(phases.iter().all(|p| matches!(
+        p,
+        WorkloadPhase::Running | WorkloadPhase::Terminating | WorkloadPhase::Gone
+    )));
+    observer.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_outage_is_reported_as_backend_unreachable_and_recovers() {
+    let fake = FakeSandbox::start(fake_config(2)).await.expect("fake");
+    let backend = backend(&fake);
+    let mut observer = Observer::start(&backend);
+    let id = backend.create(&spec()).await.expect("create");
+    let mut seen = Vec::new();
+    observe_until(&mut observer.rx, &mut seen, |o| {
+        o.workload == id && o.phase == WorkloadPhase::Running
+    })
+    .await;
+
+    fake.set_outage(true);
+    let lost = observe_until(&mut observer.rx, &mut seen, |o| {
+        o.workload == id && o.phase == WorkloadPhase::Unknown
+    })
+    .await;
+    assert_eq!(lost.reason.as_deref(), Some("backend-unreachable"));
+    fake.set_outage(false);
+    observe_until(&mut observer.rx, &mut seen, |o| {
+        o.workload == id && o.phase == WorkloadPhase::Running
+    })
+    .await;
+    observer.shutdown().await;
+}
+
+#[tokio::test]
+async fn long_jobs_get_their_expiry_renewed() {
+    let mut config = fake_config(1);
+    // The server caps TTLs below the job limit, so only renewals keep the sandbox alive.
+    config.max_timeout = Some(Duration::from_secs(120));
+    let fake = FakeSandbox::start(config).await.expect("fake");
+    let backend = backend(&fake);
+    let observer = Observer::start(&backend);
+    let id = backend.create(&spec()).await.expect("create");
+    let first = fake
+        .sandbox(&id)
+        .and_then(|s| s.expires_at)
+        .expect("expiry");
+    wait_until("the expiry is renewed", || {
+        fake.sandbox(&id)
+            .and_then(|s| s.expires_at)
+            .is_some_and(|at| at > first)
+    })
+    .await;
+    observer.shutdown().await;
+}
+
+#[tokio::test]
+async fn list_pages_over_more_than_200_sandboxes() {
+    let fake = FakeSandbox::start(fake_config(300)).await.expect("fake");
+    let backend = backend(&fake);
+    let mut ids = Vec::new();
+    for _ in 0..205 {
+        ids.push(backend.create(&spec()).await.expect("create"));
+    }
+    // Another worker's sandboxes are not ours.
+    let other = backend_with(&fake, Duration::from_secs(10), |c| {
+        c.worker_id = "vm-worker-2".into()
+    });
+    let foreign = other.create(&spec()).await.expect("foreign create");
+
+    let listed = backend.list().await.expect("list");
+    let mut listed_ids: Vec<String> = listed.iter().map(|o| o.workload.clone()).collect();
+    listed_ids.sort();
+    ids.sort();
+    assert_eq!(listed_ids, ids);
+    assert!(!listed_ids.contains(&foreign));
+    assert!(listed.iter().all(|o| o.phase == WorkloadPhase::Running));
+    let requests = fake.list_requests();
+    assert!(requests.iter().all(|r| r.page_size <= 200));
+    assert!(
+        requests.iter().any(|r| r.page == 2
+            && r.metadata
+                .contains(&(LABEL_WORKER.to_owned(), "vm-worker-1".to_owned()))),
+        "the second page was requested with the owner filter"
+    );
+}

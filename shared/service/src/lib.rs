@@ -1,0 +1,134 @@
+//! What every jetrunner binary does before and after its own work (style: small mains):
+//! parse `--config`, load and validate the whole config, start telemetry, install the signal
+//! handler, serve `/healthz` `/readyz` `/metrics`, connect to NATS; at the end drain and flush.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use jr_bus::Bus;
+use jr_config::Config;
+use jr_telemetry::{LogFormat, Metrics, Readiness, Shutdown, TelemetryConfig};
+
+#[derive(Parser, Debug)]
+struct Args {
+    /// The jetrunner configuration file (shared by all services).
+    #[arg(long, env = "JETRUNNER_CONFIG", default_value = "/etc/jetrunner/jetrunner.toml")]
+    config: PathBuf,
+}
+
+/// Everything a service's `run` gets from the bootstrap.
+pub struct Process {
+    pub config: Config,
+    pub bus: Bus,
+    pub metrics: Arc<Metrics>,
+    pub readiness: Readiness,
+    pub shutdown: Shutdown,
+}
+
+/// Runs a service binary: `ops_listen` picks the ops address from the config, `checks` are the
+/// readiness checks the service reports, `run` is the service itself.
+pub fn main<F, Fut>(
+    service: &'static str,
+    ops_listen: impl FnOnce(&Config) -> SocketAddr,
+    checks: &[&str],
+    run: F,
+) -> ExitCode
+where
+    F: FnOnce(Process) -> Fut,
+    Fut: Future<Output = anyhow::Result<()>>,
+{
+    let args = Args::parse();
+    let config = match jr_config::load(&args.config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{service}: invalid configuration: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("{service}: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        let telemetry = TelemetryConfig {
+            service_name: format!("jetrunner-{service}"),
+            log_format: match config.telemetry.log_format {
+                jr_config::LogFormat::Json => LogFormat::Json,
+                jr_config::LogFormat::Pretty => LogFormat::Pretty,
+            },
+            filter: config.telemetry.log_filter.clone().unwrap_or_else(|| "info".to_owned()),
+            otlp_endpoint: config.telemetry.otlp_endpoint.clone(),
+        };
+        let guard = match jr_telemetry::init(telemetry) {
+            Ok(g) => g,
+            Err(e) => {
+                eprintln!("{service}: telemetry: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let code = serve(service, config, ops_listen, checks, run).await;
+        guard.shutdown_async().await;
+        code
+    })
+}
+
+async fn serve<F, Fut>(
+    service: &'static str,
+    config: Config,
+    ops_listen: impl FnOnce(&Config) -> SocketAddr,
+    checks: &[&str],
+    run: F,
+) -> ExitCode
+where
+    F: FnOnce(Process) -> Fut,
+    Fut: Future<Output = anyhow::Result<()>>,
+{
+    let shutdown = Shutdown::new();
+    let signals = tokio::spawn(shutdown.clone().trigger_on_signal());
+    let metrics = Arc::new(Metrics::with_prefix("jetrunner"));
+    let readiness = Readiness::new();
+    for check in checks {
+        readiness.register(check);
+    }
+    let listen = ops_listen(&config);
+    let ops = {
+        let (m, r, s) = (metrics.clone(), readiness.clone(), shutdown.clone());
+        tokio::spawn(async move { jr_telemetry::serve_ops(listen, m, r, s).await })
+    };
+    let credentials = config.nats.credentials_file.clone().map(jr_bus::Credentials::File);
+    let bus = match jr_bus::Bus::connect(&config.nats.url, service, credentials).await {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot connect to NATS");
+            return ExitCode::FAILURE;
+        }
+    };
+    bus.metrics().register(&mut metrics.registry());
+    tracing::info!(service, version = env!("CARGO_PKG_VERSION"), "starting");
+    let process = Process { config, bus, metrics, readiness, shutdown: shutdown.clone() };
+    let result = run(process).await;
+    shutdown.trigger();
+    signals.abort();
+    match tokio::time::timeout(Duration::from_secs(5), ops).await {
+        Ok(Ok(Err(e))) => tracing::warn!(error = %e, "ops endpoint failed"),
+        Ok(_) | Err(_) => {}
+    }
+    match result {
+        Ok(()) => {
+            tracing::info!(service, "stopped");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            tracing::error!(service, error = format!("{e:#}"), "fatal");
+            ExitCode::FAILURE
+        }
+    }
+}
