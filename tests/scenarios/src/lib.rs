@@ -1,1 +1,9 @@
-//! Cross-service scenario harness, chaos suite, benchmark and demo
+//! Cross-service scenarios: the harness that runs all of jetrunner on one machine (real NATS,
+//! PostgreSQL and service binaries; fake forge, Kubernetes API and OpenSandbox), the invariants
+//! checked after every scenario, and the demo and benchmark built on the same harness.
+
+pub mod pg;
+pub mod process;
+pub mod system;
+
+pub use system::{System, SystemSpec};

@@ -1,0 +1,111 @@
+//! Turns planned commands into messages. Every message id derives from the command id, so a
+//! command planned again from an unchanged state is a JetStream duplicate, not a second action.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use jr_bus::{Bus, BusError};
+use jr_protocol::{
+    DeleteWorkload, Envelope, FailTask, Kind, Message, Redispatched, STREAM_ASSIGNMENTS, subject,
+};
+
+use crate::planner::PlannedCommand;
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+/// Publishes commands, skipping ones issued within `reissue_after` (they are in flight; the
+/// server would drop them as duplicates anyway, this saves the round trip).
+pub struct Executor {
+    bus: Bus,
+    reissue_after: Duration,
+    issued: HashMap<String, Instant>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ExecuteError {
+    #[error("publish: {0}")]
+    Bus(#[from] BusError),
+    #[error("assignment {0} to redispatch is not in JR_ASSIGNMENTS")]
+    MissingAssignment(String),
+}
+
+impl Executor {
+    pub fn new(bus: Bus, reissue_after: Duration) -> Self {
+        Self { bus, reissue_after, issued: HashMap::new() }
+    }
+
+    /// Executes `commands`; returns how many were published now.
+    pub async fn execute(&mut self, commands: &[PlannedCommand]) -> usize {
+        let now = Instant::now();
+        self.issued.retain(|_, at| now.duration_since(*at) < self.reissue_after);
+        let mut published = 0;
+        for command in commands {
+            let id = command.id();
+            if self.issued.contains_key(&id) {
+                continue;
+            }
+            match self.publish(command, &id).await {
+                Ok(()) => {
+                    tracing::info!(command = %id, reason = command.reason(), "command issued");
+                    self.issued.insert(id, now);
+                    published += 1;
+                }
+                Err(e) => tracing::warn!(command = %id, error = %e, "command not issued; will retry"),
+            }
+        }
+        published
+    }
+
+    async fn publish(&self, command: &PlannedCommand, id: &str) -> Result<(), ExecuteError> {
+        match command {
+            PlannedCommand::DeleteWorkload { backend, workload, assignment_id, attempt, reason } => {
+                let envelope = Envelope::new(
+                    id,
+                    now_ms(),
+                    *assignment_id,
+                    *attempt,
+                    Message::DeleteWorkload(DeleteWorkload { backend: backend.clone(), workload: workload.clone(), reason: reason.clone() }),
+                );
+                self.bus.publish(&subject::command(backend.as_str(), Kind::DeleteWorkload), &envelope).await?;
+            }
+            PlannedCommand::FailTask { assignment_id, attempt, backend, forge_task_id, reason } => {
+                let envelope = Envelope::new(
+                    id,
+                    now_ms(),
+                    *assignment_id,
+                    *attempt,
+                    Message::FailTask(FailTask { forge_task_id: *forge_task_id, backend: backend.clone(), reason: reason.clone() }),
+                );
+                self.bus.publish(&subject::command(subject::SCHEDULER_TARGET, Kind::FailTask), &envelope).await?;
+            }
+            PlannedCommand::Redispatch { assignment_id, backend, next_attempt, reason } => {
+                let assignment_subject = subject::assignment(backend, *assignment_id);
+                let (_, mut envelope) = self
+                    .bus
+                    .last_on_subject(STREAM_ASSIGNMENTS, &assignment_subject)
+                    .await?
+                    .ok_or_else(|| ExecuteError::MissingAssignment(assignment_id.to_string()))?;
+                // The new attempt first: a redispatched event without its attempt makes the
+                // planner re-emit this command (same id), never a second new attempt.
+                if envelope.attempt < *next_attempt {
+                    envelope.id = format!("assignment:{assignment_id}:{next_attempt}");
+                    envelope.attempt = *next_attempt;
+                    envelope.occurred_at = now_ms();
+                    envelope.trace = None;
+                    self.bus.publish(&assignment_subject, &envelope).await?;
+                }
+                let event = Envelope::new(
+                    id,
+                    now_ms(),
+                    *assignment_id,
+                    next_attempt - 1,
+                    Message::Redispatched(Redispatched { next_attempt: *next_attempt, reason: reason.clone() }),
+                );
+                self.bus.publish(&subject::event(backend, *assignment_id, Kind::Redispatched), &event).await?;
+            }
+        }
+        Ok(())
+    }
+}

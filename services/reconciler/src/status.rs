@@ -1,0 +1,82 @@
+//! Read-only status API (JSON) and a small status page over the projection.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use jr_bus::Bus;
+use jr_protocol::{AssignmentId, STREAM_ASSIGNMENTS};
+use jr_store::Store;
+use serde::Serialize;
+
+#[derive(Clone)]
+pub struct StatusState {
+    pub store: Store,
+    pub bus: Bus,
+    /// Backend name → capacity.
+    pub capacity: BTreeMap<String, usize>,
+}
+
+#[derive(Serialize)]
+struct BackendStatus {
+    name: String,
+    capacity: usize,
+    slots_used: u64,
+    /// Assignments waiting in JetStream for a free slot (the worker consumer's pending count).
+    queue_depth: Option<u64>,
+    states: BTreeMap<String, u64>,
+}
+
+pub fn router(state: Arc<StatusState>) -> Router {
+    Router::new()
+        .route("/", get(page))
+        .route("/api/status", get(status))
+        .route("/api/assignments/{id}", get(timeline))
+        .with_state(state)
+}
+
+fn internal(e: impl std::fmt::Display) -> Response {
+    (StatusCode::SERVICE_UNAVAILABLE, Json(serde_json::json!({ "error": e.to_string() }))).into_response()
+}
+
+async fn status(State(s): State<Arc<StatusState>>) -> Response {
+    let counts = match s.store.state_counts().await {
+        Ok(c) => c,
+        Err(e) => return internal(e),
+    };
+    let slots = match s.store.slots_used().await {
+        Ok(c) => c,
+        Err(e) => return internal(e),
+    };
+    let mut backends = Vec::new();
+    for (name, capacity) in &s.capacity {
+        let queue_depth = s.bus.consumer_info(STREAM_ASSIGNMENTS, &format!("{name}-worker")).await.ok().map(|c| c.num_pending);
+        let states = counts
+            .iter()
+            .filter(|c| c.backend.as_deref() == Some(name.as_str()))
+            .map(|c| (c.state.as_str().to_owned(), c.count))
+            .collect();
+        let slots_used = slots.iter().find(|u| &u.backend == name).map_or(0, |u| u.used);
+        backends.push(BackendStatus { name: name.clone(), capacity: *capacity, slots_used, queue_depth, states });
+    }
+    Json(serde_json::json!({ "backends": backends })).into_response()
+}
+
+async fn timeline(State(s): State<Arc<StatusState>>, Path(id): Path<String>) -> Response {
+    let Ok(id) = id.parse::<AssignmentId>() else {
+        return (StatusCode::BAD_REQUEST, Json(serde_json::json!({ "error": "not an assignment id" }))).into_response();
+    };
+    match s.store.timeline(id).await {
+        Ok(Some(entries)) => Json(serde_json::json!({ "assignment": id.to_string(), "timeline": entries })).into_response(),
+        Ok(None) => (StatusCode::NOT_FOUND, Json(serde_json::json!({ "error": "unknown assignment" }))).into_response(),
+        Err(e) => internal(e),
+    }
+}
+
+async fn page() -> Html<&'static str> {
+    Html(include_str!("status.html"))
+}

@@ -1,0 +1,322 @@
+//! The projection against a real Postgres (127.0.0.1:5432, user postgres, trust): every test
+//! creates its own database and drops it at the end.
+
+use anyhow::Context;
+use jr_protocol::{Envelope, WorkloadPhase};
+use jr_store::testkit::{ASSIGNMENTS_STREAM, Builder, EVENTS_STREAM, History, random_history};
+use jr_store::{AssignmentState, MemoryProjection, Store};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use sqlx::Connection;
+
+const ADMIN_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+
+struct TestDb {
+    name: String,
+    store: Store,
+    dropped: bool,
+}
+
+/// A test that panics never reaches `TestDb::drop`: drop its database from a helper thread.
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        if self.dropped {
+            return;
+        }
+        let name = self.name.clone();
+        let cleanup = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            runtime.block_on(async {
+                let mut admin = sqlx::PgConnection::connect(ADMIN_URL).await?;
+                sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                    .execute(&mut admin)
+                    .await?;
+                anyhow::Ok(())
+            })
+        });
+        let _ = cleanup.join();
+    }
+}
+
+impl TestDb {
+    async fn new() -> anyhow::Result<Self> {
+        let name = format!("jr_store_test_{}", uuid::Uuid::new_v4().simple());
+        let mut admin = sqlx::PgConnection::connect(ADMIN_URL)
+            .await
+            .context("connect admin")?;
+        sqlx::query(&format!("CREATE DATABASE {name}"))
+            .execute(&mut admin)
+            .await?;
+        admin.close().await?;
+        let store = Store::connect(&format!("postgres://postgres@127.0.0.1:5432/{name}")).await?;
+        store.migrate().await?;
+        Ok(Self {
+            name,
+            store,
+            dropped: false,
+        })
+    }
+
+    async fn drop(self) -> anyhow::Result<()> {
+        self.store.pool().close().await;
+        let mut admin = sqlx::PgConnection::connect(ADMIN_URL).await?;
+        sqlx::query(&format!(
+            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+            self.name
+        ))
+        .execute(&mut admin)
+        .await?;
+        Ok(())
+    }
+}
+
+async fn apply_all(store: &Store, history: &History) -> anyhow::Result<()> {
+    for (stream, items) in history.streams() {
+        store.apply_batch(stream, items).await?;
+    }
+    Ok(())
+}
+
+/// Applies both streams in random chunks, interleaving the streams at random and sometimes
+/// re-sending an already applied chunk (as a redelivering consumer would).
+async fn apply_in_random_chunks(store: &Store, history: &History, seed: u64) -> anyhow::Result<()> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let streams = history.streams();
+    let mut positions = [0usize; 2];
+    while positions
+        .iter()
+        .zip(&streams)
+        .any(|(p, (_, items))| *p < items.len())
+    {
+        let which = rng.random_range(0..2);
+        let (stream, items) = streams[which];
+        let start = positions[which];
+        if start >= items.len() {
+            continue;
+        }
+        let end = (start + rng.random_range(1..=40)).min(items.len());
+        let resend_from = start.saturating_sub(rng.random_range(0..5));
+        store.apply_batch(stream, &items[resend_from..end]).await?;
+        positions[which] = end;
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn replaying_the_same_batches_changes_nothing() -> anyhow::Result<()> {
+    let db = TestDb::new().await?;
+    let history = random_history(7, 40);
+    apply_all(&db.store, &history).await?;
+    let first = db.store.dump_rows().await?;
+    for (stream, items) in history.streams() {
+        let stats = db.store.apply_batch(stream, items).await?;
+        assert_eq!(stats.applied, 0, "{stream} re-applied items");
+        assert_eq!(stats.skipped, items.len());
+        assert_eq!(db.store.checkpoint(stream).await?, items.len() as u64);
+    }
+    assert_eq!(db.store.dump_rows().await?, first);
+    assert!(
+        first["assignments"]
+            .as_array()
+            .is_some_and(|a| a.len() == 40)
+    );
+    db.drop().await
+}
+
+#[tokio::test]
+async fn one_batch_one_by_one_and_random_chunks_give_identical_rows() -> anyhow::Result<()> {
+    let history = random_history(11, 30);
+
+    let whole = TestDb::new().await?;
+    apply_all(&whole.store, &history).await?;
+    let expected = whole.store.dump_rows().await?;
+
+    let single = TestDb::new().await?;
+    // Events stream first this time: the order of the two streams must not matter.
+    for (stream, items) in history.streams().into_iter().rev() {
+        for item in items {
+            single
+                .store
+                .apply_batch(stream, std::slice::from_ref(item))
+                .await?;
+        }
+    }
+    assert_eq!(
+        single.store.dump_rows().await?,
+        expected,
+        "one-by-one differs from one batch"
+    );
+
+    let chunked = TestDb::new().await?;
+    for seed in 0..3 {
+        chunked.store.reset().await?;
+        apply_in_random_chunks(&chunked.store, &history, seed).await?;
+        assert_eq!(
+            chunked.store.dump_rows().await?,
+            expected,
+            "random chunks (seed {seed}) differ"
+        );
+    }
+
+    whole.drop().await?;
+    single.drop().await?;
+    chunked.drop().await
+}
+
+#[tokio::test]
+async fn reset_and_replay_rebuilds_identical_rows() -> anyhow::Result<()> {
+    let db = TestDb::new().await?;
+    let history = random_history(23, 30);
+    apply_in_random_chunks(&db.store, &history, 5).await?;
+    let before = db.store.dump_rows().await?;
+    db.store.reset().await?;
+    assert_eq!(db.store.checkpoint(EVENTS_STREAM).await?, 0);
+    assert!(db.store.records().await?.is_empty());
+    apply_all(&db.store, &history).await?;
+    assert_eq!(db.store.dump_rows().await?, before);
+    db.drop().await
+}
+
+#[tokio::test]
+async fn stale_observations_are_ignored() -> anyhow::Result<()> {
+    let db = TestDb::new().await?;
+    let b = Builder::new(1, "pod");
+    let events: Vec<Envelope> = vec![
+        b.created(1, 1_000),
+        b.observed(1, 2_000, WorkloadPhase::Running, None),
+        b.redispatched(1, 2_500, "test"),
+        b.created(2, 3_000),
+        b.observed(2, 3_500, WorkloadPhase::Running, None),
+        // Published late: older than what is already known about attempt 1's workload.
+        b.observed(1, 1_500, WorkloadPhase::Pending, None),
+        // A newer observation of attempt 1 arriving after attempt 2 exists.
+        b.observed(1, 4_000, WorkloadPhase::Failed, Some("evicted")),
+    ];
+    let items: Vec<(u64, Envelope)> = events
+        .into_iter()
+        .enumerate()
+        .map(|(i, e)| (i as u64 + 1, e))
+        .collect();
+    db.store.apply_batch(EVENTS_STREAM, &items[..5]).await?;
+    db.store.apply_batch(EVENTS_STREAM, &items[5..6]).await?;
+    let record = db.store.assignment(b.id).await?.context("record")?;
+    let first = record.attempt_workload(1).context("attempt 1 workload")?;
+    assert_eq!(
+        first.phase(),
+        Some(WorkloadPhase::Running),
+        "stale pending replaced running"
+    );
+
+    db.store.apply_batch(EVENTS_STREAM, &items[6..]).await?;
+    let record = db.store.assignment(b.id).await?.context("record")?;
+    assert_eq!(
+        record.attempt_workload(1).and_then(|w| w.phase()),
+        Some(WorkloadPhase::Failed)
+    );
+    assert_eq!(
+        record.attempt_workload(2).and_then(|w| w.phase()),
+        Some(WorkloadPhase::Running)
+    );
+    assert_eq!(record.current_attempt(), 2);
+    db.drop().await
+}
+
+#[tokio::test]
+async fn sql_projection_agrees_with_the_in_memory_fold() -> anyhow::Result<()> {
+    let db = TestDb::new().await?;
+    for seed in [3, 4] {
+        db.store.reset().await?;
+        let history = random_history(seed, 40);
+        apply_in_random_chunks(&db.store, &history, seed).await?;
+        let mut memory = MemoryProjection::new();
+        for (stream, items) in history.streams() {
+            memory.apply_batch(stream, items);
+        }
+        let records = db.store.records().await?;
+        let expected: Vec<_> = memory.records().cloned().collect();
+        assert_eq!(records.len(), expected.len());
+        for (got, want) in records.iter().zip(&expected) {
+            assert_eq!(got, want, "record {} differs", want.id);
+        }
+        assert_eq!(db.store.snapshot(42).await?, memory.snapshot(42));
+        assert_eq!(
+            db.store.checkpoint(ASSIGNMENTS_STREAM).await?,
+            memory.checkpoint(ASSIGNMENTS_STREAM)
+        );
+    }
+    db.drop().await
+}
+
+#[tokio::test]
+async fn status_queries_report_states_slots_and_timeline() -> anyhow::Result<()> {
+    let db = TestDb::new().await?;
+    let running = Builder::new(1, "pod");
+    let waiting = Builder::new(2, "pod");
+    let done = Builder::new(3, "vm");
+    db.store
+        .apply_batch(
+            ASSIGNMENTS_STREAM,
+            &[
+                (1, running.assignment(1, 1_000)),
+                (2, waiting.assignment(1, 1_000)),
+                (3, done.assignment(1, 1_000)),
+            ],
+        )
+        .await?;
+    let events = [
+        running.created(1, 2_000),
+        running.claimed(1, 3_000),
+        done.created(1, 2_000),
+        done.claimed(1, 2_500),
+        done.terminal(1, 4_000, true),
+        done.released(1, 5_000),
+    ];
+    let items: Vec<(u64, Envelope)> = events
+        .into_iter()
+        .enumerate()
+        .map(|(i, e)| (i as u64 + 1, e))
+        .collect();
+    db.store.apply_batch(EVENTS_STREAM, &items).await?;
+
+    let counts = db.store.state_counts().await?;
+    let count = |backend: &str, state| {
+        counts
+            .iter()
+            .find(|c| c.backend.as_deref() == Some(backend) && c.state == state)
+            .map(|c| c.count)
+    };
+    assert_eq!(count("pod", AssignmentState::Running), Some(1));
+    assert_eq!(count("pod", AssignmentState::Pending), Some(1));
+    assert_eq!(count("vm", AssignmentState::Completed), Some(1));
+
+    let slots = db.store.slots_used().await?;
+    assert_eq!(slots.len(), 1);
+    assert_eq!((slots[0].backend.as_str(), slots[0].used), ("pod", 1));
+
+    let snapshot = db.store.snapshot(10_000).await?;
+    let ids: Vec<_> = snapshot.assignments.iter().map(|r| r.id).collect();
+    assert!(ids.contains(&running.id) && ids.contains(&waiting.id) && !ids.contains(&done.id));
+
+    let timeline = db.store.timeline(done.id).await?.context("timeline")?;
+    let steps: Vec<_> = timeline.iter().map(|e| e.step).collect();
+    assert_eq!(
+        steps,
+        [
+            "fetched",
+            "published",
+            "workload-created",
+            "claimed",
+            "terminal",
+            "released"
+        ]
+    );
+    assert!(
+        db.store
+            .timeline(jr_protocol::AssignmentId::for_task("x", 9))
+            .await?
+            .is_none()
+    );
+    db.drop().await
+}

@@ -1,0 +1,380 @@
+//! The whole of jetrunner on one machine: real nats-server and PostgreSQL, the fake forge,
+//! Kubernetes API and OpenSandbox server in this process (their workloads "run" fake executors
+//! that talk to the real facade), and the four service binaries as child processes.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use jr_bus::testing::NatsServer;
+use jr_fake_executor::{ExecutorConfig, ExecutorReport, run_one_shot};
+use jr_fake_forge::{FakeForge, JobSpec};
+use jr_fake_kube::{ExitStatus, FakeKube, FaultRule, PodRun, SimConfig};
+use jr_fake_sandbox::{FakeConfig, FakeSandbox, SandboxRun};
+
+use crate::pg::PgCluster;
+use crate::process::{ServiceProcess, binary, free_port};
+
+pub const JOBS_NAMESPACE: &str = "jetrunner-jobs";
+pub const POOL: &str = "ci-vm";
+const API_KEY: &str = "scenario-api-key";
+
+/// What a scenario wants from the system.
+#[derive(Clone, Debug)]
+pub struct SystemSpec {
+    pub pod_capacity: usize,
+    pub vm_capacity: usize,
+    /// Sandboxes the fake OpenSandbox pool holds (defaults to `vm_capacity`).
+    pub vm_pool: Option<usize>,
+    pub kube_faults: Vec<FaultRule>,
+    pub pod_start_delay: Duration,
+    pub claim_timeout: Duration,
+    pub terminal_grace: Duration,
+    pub lost_timeout: Duration,
+    pub max_attempts: u32,
+    pub forge_poll: Duration,
+    pub fetchers: usize,
+    pub log_filter: String,
+}
+
+impl Default for SystemSpec {
+    fn default() -> Self {
+        Self {
+            pod_capacity: 8,
+            vm_capacity: 4,
+            vm_pool: None,
+            kube_faults: Vec::new(),
+            pod_start_delay: Duration::from_millis(50),
+            claim_timeout: Duration::from_secs(20),
+            terminal_grace: Duration::from_secs(5),
+            lost_timeout: Duration::from_secs(10),
+            max_attempts: 3,
+            forge_poll: Duration::from_millis(200),
+            fetchers: 4,
+            log_filter: "info".into(),
+        }
+    }
+}
+
+/// Ports of the services' endpoints.
+#[derive(Clone, Copy, Debug)]
+pub struct Ports {
+    pub facade: u16,
+    pub scheduler_ops: u16,
+    pub pod_ops: u16,
+    pub vm_ops: u16,
+    pub reconciler_ops: u16,
+    pub status: u16,
+}
+
+pub struct System {
+    pub spec: SystemSpec,
+    pub dir: tempfile::TempDir,
+    pub nats: NatsServer,
+    pub pg: PgCluster,
+    pub database_url: String,
+    pub forge: FakeForge,
+    pub kube: FakeKube,
+    pub sandbox: FakeSandbox,
+    pub ports: Ports,
+    pub scheduler: ServiceProcess,
+    pub pod_worker: ServiceProcess,
+    pub vm_worker: ServiceProcess,
+    pub reconciler: ServiceProcess,
+}
+
+fn executor_config(env: &BTreeMap<String, String>) -> Option<ExecutorConfig> {
+    let mut cfg = ExecutorConfig::new(
+        env.get("JETRUNNER_FACADE_URL")?.clone(),
+        env.get("JETRUNNER_ASSIGNMENT_ID")?.clone(),
+        env.get("JETRUNNER_RUNNER_TOKEN")?.clone(),
+    );
+    cfg.poll_interval = Duration::from_millis(100);
+    cfg.give_up_after = Duration::from_secs(60);
+    Some(cfg)
+}
+
+/// A Pod's container: a fake act_runner in one-shot mode.
+fn pod_runner() -> jr_fake_kube::PodRunner {
+    Arc::new(|run: PodRun| {
+        Box::pin(async move {
+            let Some(cfg) = executor_config(&run.env) else { return ExitStatus::failed(2) };
+            match run_one_shot(cfg).await {
+                Ok(ExecutorReport::Finished(_)) => ExitStatus::success(),
+                Ok(_) | Err(_) => ExitStatus::failed(1),
+            }
+        })
+    })
+}
+
+/// A sandbox's pool task: the same fake executor (the sandbox stays Running afterwards).
+fn sandbox_runner() -> jr_fake_sandbox::Runner {
+    Arc::new(|run: SandboxRun| {
+        Box::pin(async move {
+            if let Some(cfg) = executor_config(&run.env) {
+                let _ = run_one_shot(cfg).await;
+            }
+        })
+    })
+}
+
+impl System {
+    pub async fn start(spec: SystemSpec) -> anyhow::Result<System> {
+        let dir = tempfile::Builder::new().prefix("jr-system-").tempdir()?;
+        let nats = NatsServer::start().await.context("starting nats-server (need ≥ 2.10 on PATH)")?;
+        let pg = PgCluster::start().await.context("starting PostgreSQL")?;
+        pg.create_database("jetrunner").await?;
+        let database_url = pg.url("jetrunner");
+        let forge = FakeForge::start(jr_fake_forge::Config {
+            registration_token: Some("scenario-registration-token".into()),
+            ..Default::default()
+        })
+        .await?;
+        let kube = FakeKube::start(SimConfig {
+            faults: spec.kube_faults.clone(),
+            start_delay: spec.pod_start_delay,
+            ..SimConfig::simulated(pod_runner())
+        })
+        .await?;
+        let sandbox = FakeSandbox::start(FakeConfig {
+            api_key: Some(API_KEY.into()),
+            pools: BTreeMap::from([(POOL.to_owned(), spec.vm_pool.unwrap_or(spec.vm_capacity))]),
+            stopping_for: Duration::from_millis(200),
+            runner: Some(sandbox_runner()),
+            ..Default::default()
+        })
+        .await?;
+        let ports = Ports {
+            facade: free_port()?,
+            scheduler_ops: free_port()?,
+            pod_ops: free_port()?,
+            vm_ops: free_port()?,
+            reconciler_ops: free_port()?,
+            status: free_port()?,
+        };
+        let config_path = dir.path().join("jetrunner.toml");
+        let text = config_toml(&spec, &ports, &nats.url(), &database_url, forge.url(), &kube.url(), &sandbox.base_url(), &dir.path().join("runner.json").display().to_string());
+        std::fs::write(&config_path, text)?;
+        let args = vec!["--config".to_owned(), config_path.display().to_string()];
+        let svc = |name: &str, port| -> anyhow::Result<ServiceProcess> {
+            Ok(ServiceProcess::new(name, binary(name)?, args.clone(), dir.path(), port).env("RUST_LOG", &spec.log_filter))
+        };
+        let mut system = System {
+            scheduler: svc("scheduler", ports.scheduler_ops)?,
+            pod_worker: svc("pod-worker", ports.pod_ops)?,
+            vm_worker: svc("vm-worker", ports.vm_ops)?,
+            reconciler: svc("reconciler", ports.reconciler_ops)?,
+            spec,
+            dir,
+            nats,
+            pg,
+            database_url,
+            forge,
+            kube,
+            sandbox,
+            ports,
+        };
+        for p in system.services_mut() {
+            p.spawn()?;
+        }
+        for p in system.services_mut() {
+            p.wait_ready(Duration::from_secs(60)).await?;
+        }
+        Ok(system)
+    }
+
+    pub fn services_mut(&mut self) -> [&mut ServiceProcess; 4] {
+        [&mut self.reconciler, &mut self.pod_worker, &mut self.vm_worker, &mut self.scheduler]
+    }
+
+    pub fn service(&mut self, name: &str) -> Option<&mut ServiceProcess> {
+        self.services_mut().into_iter().find(|p| p.name == name)
+    }
+
+    /// Queues `n` jobs with `runs-on: [label]`; `vars` steer the fake executor (JR_FAKE_*).
+    pub fn enqueue(&self, label: &str, n: u32, vars: &[(&str, &str)]) {
+        let spec = JobSpec {
+            repo: "acme/widgets".into(),
+            name: format!("{label}-job"),
+            runs_on: vec![label.to_owned()],
+            vars: vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            steps: 2,
+            ..Default::default()
+        };
+        self.forge.enqueue_jobs(spec, n);
+    }
+
+    /// Waits until every job the forge knows has a final result.
+    pub async fn wait_all_final(&self, timeout: Duration) -> anyhow::Result<jr_fake_forge::Snapshot> {
+        self.forge.wait_until(|s| !s.jobs.is_empty() && s.all_final(), timeout).await.map_err(|e| {
+            let s = self.forge.snapshot();
+            anyhow::anyhow!("{e}: {} of {} jobs final", s.jobs.iter().filter(|j| matches!(j.status, jr_fake_forge::Status::Done(_))).count(), s.jobs.len())
+        })
+    }
+
+    /// Waits until no workload of ours exists in either backend.
+    pub async fn wait_no_workloads(&self, timeout: Duration) -> anyhow::Result<()> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let pods = self.kube.records().live;
+            let sandboxes = self.sandbox.sandboxes().len();
+            if pods == 0 && sandboxes == 0 {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() > deadline {
+                anyhow::bail!("{pods} Pods and {sandboxes} sandboxes still exist after {timeout:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The end-of-scenario invariants (issue: chaos suite). Returns every violation found.
+    pub fn violations(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        let forge = self.forge.snapshot();
+        for job in &forge.jobs {
+            if job.fetch_count != 1 {
+                v.push(format!("job {:?} fetched {} times", job.id, job.fetch_count));
+            }
+            if !matches!(job.status, jr_fake_forge::Status::Done(_)) {
+                v.push(format!("job {:?} not final: {:?}", job.id, job.status));
+            }
+        }
+        for task in &forge.tasks {
+            if task.final_accepted > 1 {
+                v.push(format!("task {} accepted {} final results", task.id, task.final_accepted));
+            }
+        }
+        let kube = self.kube.records();
+        if kube.max_live > self.spec.pod_capacity {
+            v.push(format!("{} live Pods at once, capacity {}", kube.max_live, self.spec.pod_capacity));
+        }
+        let mut seen = HashSet::new();
+        for name in &kube.created {
+            if !seen.insert(name) {
+                v.push(format!("Pod {name} created twice"));
+            }
+        }
+        if kube.live != 0 {
+            v.push(format!("{} Pods left", kube.live));
+        }
+        if self.sandbox.max_live() > self.spec.vm_capacity {
+            v.push(format!("{} live sandboxes at once, capacity {}", self.sandbox.max_live(), self.spec.vm_capacity));
+        }
+        let mut attempts = HashSet::new();
+        for s in self.sandbox.created().iter().filter(|s| s.allocated) {
+            let key = (s.metadata.get("jetrunner.io/assignment").cloned(), s.metadata.get("jetrunner.io/attempt").cloned());
+            if !attempts.insert(key.clone()) {
+                v.push(format!("two sandboxes for assignment attempt {key:?}"));
+            }
+        }
+        if !self.sandbox.sandboxes().is_empty() {
+            v.push(format!("{} sandboxes left", self.sandbox.sandboxes().len()));
+        }
+        v
+    }
+
+    /// Tail of every service's log, for failure messages.
+    pub fn logs(&mut self) -> String {
+        self.services_mut().iter().map(|p| format!("--- {} ---\n{}\n", p.name, p.log_tail(30))).collect()
+    }
+}
+
+#[allow(clippy::too_many_arguments, reason = "one flat list of endpoints, written once")]
+fn config_toml(
+    spec: &SystemSpec,
+    ports: &Ports,
+    nats: &str,
+    database: &str,
+    forge: &str,
+    kube: &str,
+    sandbox: &str,
+    credentials: &str,
+) -> String {
+    let secs = |d: Duration| format!("{}ms", d.as_millis());
+    format!(
+        r#"[nats]
+url = "{nats}"
+
+[database]
+url = "{database}"
+
+[forge]
+url = "{forge}"
+runner_name = "jetrunner-scenario"
+registration_token = "scenario-registration-token"
+credentials_file = "{credentials}"
+poll_interval = "{poll}"
+max_backoff = "2s"
+fetchers = {fetchers}
+
+[facade]
+listen = "127.0.0.1:{facade}"
+public_url = "http://127.0.0.1:{facade}"
+insecure_plain_http = true
+
+[[routing.rules]]
+label = "vm"
+backend = "vm"
+
+[[routing.rules]]
+label = "pod"
+backend = "pod"
+
+[backend.pod]
+kind = "pod"
+capacity = {pod_capacity}
+labels = ["pod"]
+kubernetes = {{ namespace = "{JOBS_NAMESPACE}", api_url = "{kube}" }}
+
+[backend.pod.runner]
+image = "jetrunner/executor:scenario"
+
+[backend.vm]
+kind = "vm"
+capacity = {vm_capacity}
+labels = ["vm"]
+opensandbox = {{ url = "{sandbox}", api_key = "{API_KEY}", pool = "{POOL}", poll_interval = "200ms" }}
+
+[scheduler]
+ops_listen = "127.0.0.1:{scheduler_ops}"
+seal_key_id = "k1"
+seal_keys = {{ k1 = "c2NlbmFyaW8tc2VhbC1rZXktc2NlbmFyaW8tc2VhbCE=" }}
+
+[pod_worker]
+ops_listen = "127.0.0.1:{pod_ops}"
+token_key = "c2NlbmFyaW8tdG9rZW4ta2V5LXNjZW5hcmlvLXRva2Vu"
+
+[vm_worker]
+ops_listen = "127.0.0.1:{vm_ops}"
+token_key = "c2NlbmFyaW8tdG9rZW4ta2V5LXNjZW5hcmlvLXRva2Vu"
+
+[reconciler]
+ops_listen = "127.0.0.1:{reconciler_ops}"
+status_listen = "127.0.0.1:{status}"
+claim_timeout = "{claim}"
+terminal_grace = "{grace}"
+lost_timeout = "{lost}"
+max_attempts = {max_attempts}
+plan_interval = "500ms"
+
+[telemetry]
+log_format = "json"
+"#,
+        poll = secs(spec.forge_poll),
+        fetchers = spec.fetchers,
+        facade = ports.facade,
+        pod_capacity = spec.pod_capacity,
+        vm_capacity = spec.vm_capacity,
+        scheduler_ops = ports.scheduler_ops,
+        pod_ops = ports.pod_ops,
+        vm_ops = ports.vm_ops,
+        reconciler_ops = ports.reconciler_ops,
+        status = ports.status,
+        claim = secs(spec.claim_timeout),
+        grace = secs(spec.terminal_grace),
+        lost = secs(spec.lost_timeout),
+        max_attempts = spec.max_attempts,
+    )
+}
