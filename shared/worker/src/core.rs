@@ -250,14 +250,15 @@ impl<B: Backend> Worker<B> {
         {
             let slot = delivery.permit.take().unwrap_or_else(Permit::unlimited);
             if let Ok(mut live) = self.live.lock() {
-                // A redelivery of an attempt whose workload we already track keeps the old slot.
-                live.entry(workload.clone()).or_insert(Live {
-                    assignment_id: id,
-                    attempt,
-                    phase: WorkloadPhase::Pending,
-                    reason: None,
-                    _slot: slot,
-                });
+                match live.entry(workload.clone()) {
+                    // Already tracked: the watch saw the workload before this handler got here
+                    // (and may have found no free slot for it), or this is a redelivery. Either
+                    // way the workload holds exactly this delivery's slot from now on.
+                    std::collections::hash_map::Entry::Occupied(mut e) => e.get_mut()._slot = slot,
+                    std::collections::hash_map::Entry::Vacant(e) => {
+                        e.insert(Live { assignment_id: id, attempt, phase: WorkloadPhase::Pending, reason: None, _slot: slot });
+                    }
+                }
             }
         }
         let created = Envelope::new(

@@ -121,6 +121,7 @@ fn sandbox_runner() -> jr_fake_sandbox::Runner {
 
 impl System {
     pub async fn start(spec: SystemSpec) -> anyhow::Result<System> {
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let dir = tempfile::Builder::new().prefix("jr-system-").tempdir()?;
         let nats = NatsServer::start().await.context("starting nats-server (need ≥ 2.10 on PATH)")?;
         let pg = PgCluster::start().await.context("starting PostgreSQL")?;

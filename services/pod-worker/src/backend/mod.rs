@@ -1,0 +1,291 @@
+//! [`PodBackend`]: the Kubernetes implementation of [`jr_worker::Backend`].
+
+mod status;
+
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures::StreamExt as _;
+use jr_protocol::BackendName;
+use jr_worker::{Backend, BackendError, ObservedWorkload, WorkloadSpec};
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::WatchStreamExt as _;
+use kube::runtime::watcher::{self, Event};
+use serde_json::json;
+use tokio::sync::mpsc;
+
+use crate::template::{ExecutorObjects, LABEL_ASSIGNMENT, LABEL_ATTEMPT, PodTemplate, build_objects, owner_reference, selector};
+
+pub use status::{
+    REASON_CONFIG_ERROR, REASON_DEADLINE_EXCEEDED, REASON_EVICTED, REASON_IMAGE_PULL_FAILED, REASON_OOM_KILLED,
+    REASON_START_FAILED, REASON_UNSCHEDULABLE, Tracker, observe_pod, pod_phase, pod_reason,
+};
+
+/// Runs executor Pods (and their token Secrets) in one namespace.
+#[derive(Clone)]
+pub struct PodBackend {
+    pods: Api<Pod>,
+    secrets: Api<Secret>,
+    namespace: String,
+    backend: BackendName,
+    template: PodTemplate,
+    tracker: Arc<Mutex<Tracker>>,
+}
+
+fn lock(tracker: &Mutex<Tracker>) -> MutexGuard<'_, Tracker> {
+    // The tracker holds no invariant a panic could break halfway.
+    tracker.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn is_code(err: &kube::Error, code: u16) -> bool {
+    matches!(err, kube::Error::Api(status) if status.code == code)
+}
+
+impl PodBackend {
+    pub fn new(client: kube::Client, namespace: impl Into<String>, backend: BackendName, template: PodTemplate) -> Self {
+        let namespace = namespace.into();
+        Self {
+            pods: Api::namespaced(client.clone(), &namespace),
+            secrets: Api::namespaced(client, &namespace),
+            namespace,
+            backend,
+            template,
+            tracker: Arc::default(),
+        }
+    }
+
+    /// `app.kubernetes.io/managed-by=jetrunner,jetrunner.dev/backend=<name>`.
+    pub fn selector(&self) -> String {
+        selector(&self.backend)
+    }
+
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// The Pod and Secret `create` would submit (for inspection and dry runs).
+    pub fn objects_for(&self, spec: &WorkloadSpec) -> Result<ExecutorObjects, BackendError> {
+        let block = self
+            .template
+            .runner_block(spec.provider.as_deref())
+            .map_err(|e| BackendError::Permanent { op: "build pod", message: e.to_string() })?;
+        Ok(build_objects(block, spec))
+    }
+
+    fn error(&self, op: &'static str, err: kube::Error) -> BackendError {
+        kube_error(op, &self.namespace, err)
+    }
+
+    /// Makes the Secret owned by the Pod, so Kubernetes deletes it with the Pod. A missing Secret
+    /// is left alone (the Pod then waits in CreateContainerConfigError and the claim timeout
+    /// handles it).
+    async fn adopt_secret(&self, pod: &Pod) -> Result<(), BackendError> {
+        let Some(owner) = owner_reference(pod) else { return Ok(()) };
+        let patch = json!({ "metadata": { "ownerReferences": [owner] } });
+        match self.secrets.patch(&owner.name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            Ok(_) => Ok(()),
+            Err(e) if is_code(&e, 404) => Ok(()),
+            Err(e) => Err(self.error("adopt secret", e)),
+        }
+    }
+
+    fn is_owned_by(secret: &Secret, pod: &Pod) -> bool {
+        let uid = pod.metadata.uid.as_deref();
+        secret.metadata.owner_references.iter().flatten().any(|r| Some(r.uid.as_str()) == uid)
+    }
+
+    /// An existing Pod of this name: check it is this attempt's and make sure its Secret is owned.
+    async fn adopt_existing(&self, pod: &Pod, spec: &WorkloadSpec) -> Result<(), BackendError> {
+        let labels = pod.metadata.labels.clone().unwrap_or_default();
+        let ours = labels.get(LABEL_ASSIGNMENT) == Some(&spec.assignment_id.to_string())
+            && labels.get(LABEL_ATTEMPT) == Some(&spec.attempt.to_string());
+        if !ours {
+            return Err(BackendError::Permanent {
+                op: "create pod",
+                message: format!(
+                    "a Pod named {} exists in namespace {} but is not this assignment attempt's",
+                    spec.name(),
+                    self.namespace
+                ),
+            });
+        }
+        let secret = self.secrets.get_opt(&spec.name()).await.map_err(|e| self.error("get secret", e))?;
+        match secret {
+            Some(secret) if Self::is_owned_by(&secret, pod) => Ok(()),
+            Some(_) => self.adopt_secret(pod).await,
+            None => Ok(()),
+        }
+    }
+
+    async fn create_secret(&self, objects: &ExecutorObjects, name: &str) -> Result<(), BackendError> {
+        match self.secrets.create(&PostParams::default(), &objects.secret).await {
+            Ok(_) => Ok(()),
+            Err(e) if is_code(&e, 409) => {
+                // An earlier delivery created the Secret but not the Pod, so no executor has read
+                // it: give it this delivery's token.
+                let patch = json!({ "data": objects.secret.data });
+                self.secrets
+                    .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| self.error("update secret", e))
+            }
+            Err(e) => Err(self.error("create secret", e)),
+        }
+    }
+
+    async fn delete_secret_quietly(&self, name: &str) {
+        if let Err(error) = self.secrets.delete(name, &DeleteParams::default()).await
+            && !is_code(&error, 404)
+        {
+            tracing::warn!(secret = name, %error, "could not delete the token Secret of a Pod that was not created");
+        }
+    }
+}
+
+/// Maps a kube error to the worker core's retry classes.
+pub fn kube_error(op: &'static str, namespace: &str, err: kube::Error) -> BackendError {
+    match &err {
+        kube::Error::Api(status) => {
+            let retry_after = status
+                .details
+                .as_ref()
+                .map(|d| d.retry_after_seconds)
+                .filter(|s| *s > 0)
+                .map(|s| Duration::from_secs(u64::from(s)));
+            match status.code {
+                403 => BackendError::Permanent {
+                    op,
+                    message: format!(
+                        "forbidden: the pod-worker's service account may not {op} in namespace {namespace} \
+                         (check its Role and RoleBinding): {}",
+                        status.message
+                    ),
+                },
+                400 | 422 => BackendError::Permanent {
+                    op,
+                    message: format!("the API server refused the request ({}): {}", status.reason, status.message),
+                },
+                404 => BackendError::Permanent {
+                    op,
+                    message: format!("not found (does namespace {namespace} exist?): {}", status.message),
+                },
+                // 401: credentials are refreshed by the client; 409 Conflict: re-read and retry.
+                0 | 401 | 408 | 409 | 425 | 429 | 500..=599 => BackendError::Transient {
+                    op,
+                    message: format!("{} {}: {}", status.code, status.reason, status.message),
+                    retry_after,
+                },
+                code => BackendError::Permanent { op, message: format!("{code} {}: {}", status.reason, status.message) },
+            }
+        }
+        kube::Error::BuildRequest(_) => BackendError::Permanent { op, message: err.to_string() },
+        // Connection refused/reset, timeouts, TLS, unreadable bodies: the API server may be back soon.
+        _ => BackendError::Transient { op, message: err.to_string(), retry_after: None },
+    }
+}
+
+impl Backend for PodBackend {
+    async fn create(&self, spec: &WorkloadSpec) -> Result<String, BackendError> {
+        let objects = self.objects_for(spec)?;
+        let name = spec.name();
+        if let Some(pod) = self.pods.get_opt(&name).await.map_err(|e| self.error("get pod", e))? {
+            // Redelivery: the Pod exists (with the token of the delivery that created it).
+            self.adopt_existing(&pod, spec).await?;
+            return Ok(name);
+        }
+        self.create_secret(&objects, &name).await?;
+        let pod = match self.pods.create(&PostParams::default(), &objects.pod).await {
+            Ok(pod) => pod,
+            Err(e) if is_code(&e, 409) => {
+                let pod = self.pods.get(&name).await.map_err(|e| self.error("get pod", e))?;
+                self.adopt_existing(&pod, spec).await?;
+                return Ok(name);
+            }
+            Err(e) => {
+                let error = self.error("create pod", e);
+                if matches!(error, BackendError::Permanent { .. }) {
+                    // Nothing will retry this Pod, so its Secret would leak.
+                    self.delete_secret_quietly(&name).await;
+                }
+                return Err(error);
+            }
+        };
+        tracing::info!(pod = %name, namespace = %self.namespace, "executor pod created");
+        self.adopt_secret(&pod).await?;
+        Ok(name)
+    }
+
+    async fn delete(&self, workload: &str) -> Result<(), BackendError> {
+        match self.pods.delete(workload, &DeleteParams::background()).await {
+            Ok(_) => {}
+            Err(e) if is_code(&e, 404) => {}
+            Err(e) => return Err(self.error("delete pod", e)),
+        }
+        // Normally garbage-collected with the Pod; deleting it here also covers a Secret whose
+        // Pod was never created or never adopted it.
+        match self.secrets.delete(workload, &DeleteParams::background()).await {
+            Ok(_) => Ok(()),
+            Err(e) if is_code(&e, 404) => Ok(()),
+            Err(e) => Err(self.error("delete secret", e)),
+        }
+    }
+
+    async fn list(&self) -> Result<Vec<ObservedWorkload>, BackendError> {
+        let pods = self
+            .pods
+            .list(&ListParams::default().labels(&self.selector()))
+            .await
+            .map_err(|e| self.error("list pods", e))?;
+        let mut observed: Vec<ObservedWorkload> = pods.items.iter().filter_map(observe_pod).collect();
+        let skipped = pods.items.len() - observed.len();
+        if skipped > 0 {
+            tracing::warn!(skipped, "pods with the jetrunner selector but unreadable assignment/attempt labels");
+        }
+        observed.sort_by(|a, b| a.workload.cmp(&b.workload));
+        Ok(observed)
+    }
+
+    async fn observe(&self, tx: mpsc::Sender<ObservedWorkload>, shutdown: impl Future<Output = ()> + Send + 'static) {
+        let config = watcher::Config::default().labels(&self.selector());
+        let mut events = std::pin::pin!(watcher::watcher(self.pods.clone(), config).default_backoff());
+        let mut shutdown = std::pin::pin!(shutdown);
+        loop {
+            let event = tokio::select! {
+                () = &mut shutdown => return,
+                event = events.next() => event,
+            };
+            let observations = match event {
+                None => {
+                    tracing::error!("the pod watcher ended; observation stops");
+                    return;
+                }
+                Some(Err(error)) => {
+                    // The watcher resumes from its last resourceVersion (or relists) after a backoff.
+                    tracing::warn!(%error, namespace = %self.namespace, "pod watch error (transient, retrying)");
+                    Vec::new()
+                }
+                Some(Ok(event)) => {
+                    let mut tracker = lock(&self.tracker);
+                    match event {
+                        Event::Init => {
+                            tracker.begin_relist();
+                            Vec::new()
+                        }
+                        Event::InitApply(pod) | Event::Apply(pod) => tracker.apply(&pod).into_iter().collect(),
+                        Event::InitDone => tracker.end_relist(),
+                        Event::Delete(pod) => tracker.delete(&pod).into_iter().collect(),
+                    }
+                }
+            };
+            for observation in observations {
+                tracing::debug!(pod = %observation.workload, phase = ?observation.phase, reason = ?observation.reason, "pod observed");
+                if tx.send(observation).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
