@@ -112,6 +112,11 @@ impl ServiceProcess {
         }
     }
 
+    /// OS process id while running (for CPU and memory figures from /proc).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     pub fn log_tail(&self, lines: usize) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let all: Vec<&str> = text.lines().collect();

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Runs every test of the workspace: unit, integration, end-to-end scenarios and the bounded
+# chaos scenario. Needs cargo; installs nats-server >= 2.10 if missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/lib.sh
+ensure_nats_server
+ensure_postgres
+
+# The scenario tests start the service binaries as processes.
+cargo build --workspace --bins
+# Library, integration and property tests (parallel within each test binary).
+cargo test --workspace --exclude jr-scenarios
+# Full-system scenarios, one at a time: each runs NATS, PostgreSQL and four services.
+cargo test -p jr-scenarios -- --test-threads=1

@@ -1,0 +1,116 @@
+//! `demo`: all of jetrunner on this machine with the simulated forge and backends. Queues jobs,
+//! shows them flowing per backend, and says where to look.
+
+use std::time::Duration;
+
+use clap::Parser;
+use jr_fake_forge::Status;
+use jr_scenarios::{System, SystemSpec};
+
+#[derive(Parser)]
+#[command(about = "Run jetrunner locally on a simulated forge, Kubernetes and OpenSandbox")]
+struct Args {
+    /// Jobs to queue.
+    #[arg(long, default_value = "60")]
+    jobs: u32,
+    /// Share of jobs that run in microVMs (runs-on: vm); the rest run in Pods.
+    #[arg(long, default_value = "0.3")]
+    vm_share: f64,
+    #[arg(long, default_value = "6")]
+    pod_capacity: usize,
+    #[arg(long, default_value = "3")]
+    vm_capacity: usize,
+    /// Simulated job duration in milliseconds.
+    #[arg(long, default_value = "1500")]
+    job_ms: u64,
+    /// Exit once every job is done instead of waiting for Ctrl-C.
+    #[arg(long)]
+    exit_when_done: bool,
+}
+
+#[derive(Default)]
+struct Row {
+    queued: usize,
+    running: usize,
+    done: usize,
+    failed: usize,
+}
+
+fn progress(system: &System) -> (Row, Row) {
+    let snapshot = system.forge.snapshot();
+    let (mut pod, mut vm) = (Row::default(), Row::default());
+    for job in &snapshot.jobs {
+        let row = if job.runs_on.iter().any(|l| l == "vm") { &mut vm } else { &mut pod };
+        match &job.status {
+            Status::Waiting => row.queued += 1,
+            Status::Running => row.running += 1,
+            Status::Done(jr_fake_forge::Outcome::Success) => row.done += 1,
+            Status::Done(_) => row.failed += 1,
+        }
+    }
+    (pod, vm)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    tracing_subscriber::fmt().with_env_filter("warn").init();
+    println!("starting NATS, PostgreSQL, the simulated forge/Kubernetes/OpenSandbox and the four services…");
+    let mut system = System::start(SystemSpec {
+        pod_capacity: args.pod_capacity,
+        vm_capacity: args.vm_capacity,
+        ..Default::default()
+    })
+    .await?;
+    let vm_jobs = (f64::from(args.jobs) * args.vm_share).round() as u32;
+    let duration = args.job_ms.to_string();
+    system.enqueue("pod", args.jobs - vm_jobs, &[("JR_FAKE_DURATION_MS", &duration)]);
+    system.enqueue("vm", vm_jobs, &[("JR_FAKE_DURATION_MS", &duration)]);
+    let p = system.ports;
+    println!();
+    println!("  status page      http://127.0.0.1:{}/", p.status);
+    println!("  status API       http://127.0.0.1:{}/api/status", p.status);
+    println!("  metrics          http://127.0.0.1:{{{},{},{},{}}}/metrics  (scheduler, pod-worker, vm-worker, reconciler)", p.scheduler_ops, p.pod_ops, p.vm_ops, p.reconciler_ops);
+    println!("  facade           http://127.0.0.1:{}/", p.facade);
+    println!("  fake forge       {}/_fake/stats", system.forge.url());
+    println!("  NATS             {}   monitoring {}/jsz?consumers=true", system.nats.url(), system.nats.monitor_url());
+    println!("                   nats -s {} stream ls; nats consumer info JR_ASSIGNMENTS pod-worker", system.nats.url());
+    println!("  PostgreSQL       {}", system.database_url);
+    println!("  service logs     {}", system.dir.path().display());
+    println!();
+    let started = std::time::Instant::now();
+    loop {
+        let (pod, vm) = progress(&system);
+        print!(
+            "\r[{:>5.1}s] pod: {:>3} queued {:>3} running {:>3} done {:>3} failed | vm: {:>3} queued {:>3} running {:>3} done {:>3} failed   ",
+            started.elapsed().as_secs_f64(),
+            pod.queued, pod.running, pod.done, pod.failed, vm.queued, vm.running, vm.done, vm.failed
+        );
+        use std::io::Write as _;
+        let _ = std::io::stdout().flush();
+        let all_done = pod.queued + pod.running + vm.queued + vm.running == 0;
+        if all_done {
+            println!();
+            let violations = system.violations();
+            if system.wait_no_workloads(Duration::from_secs(30)).await.is_ok() && violations.is_empty() {
+                println!("all {} jobs finished in {:.1}s; every Pod and VM was deleted.", args.jobs, started.elapsed().as_secs_f64());
+            } else {
+                println!("finished with problems: {violations:?}");
+            }
+            if args.exit_when_done {
+                return Ok(());
+            }
+            println!("still running for you to look around; Ctrl-C to stop.");
+            tokio::signal::ctrl_c().await?;
+            return Ok(());
+        }
+        if system.services_mut().iter_mut().any(|s| s.exited().is_some()) {
+            println!();
+            anyhow::bail!("a service stopped:\n{}", system.logs());
+        }
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => return Ok(()),
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+        }
+    }
+}
