@@ -4,7 +4,7 @@
 
 use jr_bus::{Bus, Delivery, Disposition, PublishOnce};
 use jr_forge::ForgeClient;
-use jr_protocol::{Envelope, FailTask, Kind, Message, TaskFailed, TaskResult, Terminal, TerminalSource, subject};
+use jr_protocol::{Envelope, FailTask, Kind, Message, STREAM_EVENTS, TaskFailed, TaskResult, Terminal, TerminalSource, subject};
 use std::time::Duration;
 
 use crate::forge_report::report_failure;
@@ -33,7 +33,18 @@ pub async fn handle(bus: &Bus, forge: &ForgeClient, delivery: Delivery) -> Dispo
         }),
     );
     match bus.publish_once(&subject::event(&backend, id, Kind::Terminal), &terminal).await {
-        Ok(PublishOnce::Published { .. } | PublishOnce::Duplicate { .. }) => {}
+        Ok(PublishOnce::Published { .. }) => {}
+        // Our own earlier attempt: finished already if task-failed exists, else resume it.
+        Ok(PublishOnce::Duplicate { .. }) => {
+            match bus.last_on_subject(STREAM_EVENTS, &subject::event(&backend, id, Kind::TaskFailed)).await {
+                Ok(Some(_)) => return Disposition::Ack,
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(assignment = %id, error = %e, "cannot read task-failed; retrying");
+                    return Disposition::Nak(Some(Duration::from_secs(2)));
+                }
+            }
+        }
         Ok(PublishOnce::AlreadyExists { .. }) => {
             tracing::info!(assignment = %id, "task already terminal; fail-task not needed");
             return Disposition::Ack;

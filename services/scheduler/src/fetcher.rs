@@ -110,7 +110,13 @@ impl Dispatcher {
                         self.stats.dispatched.fetch_add(1, Ordering::Relaxed);
                         tracing::info!(task = task.id, assignment = %envelope.assignment_id, %backend, seq = outcome.stream_seq, "assignment dispatched");
                     }
-                    Err(e) => tracing::warn!(task = task.id, error = %e, "dispatch abandoned at shutdown; the forge's reaper will fail the task"),
+                    Err(jr_bus::BusError::ShutDown) => tracing::warn!(task = task.id, "dispatch abandoned at shutdown; the forge's reaper will fail the task"),
+                    // Not transient (e.g. larger than the server's max_payload): retrying cannot
+                    // help, so the job fails now with the reason instead of vanishing.
+                    Err(e) => {
+                        tracing::error!(task = task.id, error = %e, "assignment cannot be published");
+                        self.report_unroutable(task.id, &format!("jetrunner cannot publish the assignment: {e}"), shutdown).await;
+                    }
                 }
             }
             Err(no_route) => {

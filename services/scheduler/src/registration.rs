@@ -20,11 +20,8 @@ pub enum RegistrationError {
          or forge.runner_uuid + forge.runner_token"
     )]
     NoCredentials,
-    #[error(
-        "the forge does not know runner {uuid} (deleted, or stale credentials). Remove {file} and \
-         restart with a valid forge.registration_token, or configure fresh forge.runner_uuid/runner_token"
-    )]
-    Unregistered { uuid: String, file: String },
+    #[error("the forge does not know runner {uuid} (deleted, or stale credentials). {remedy}")]
+    Unregistered { uuid: String, remedy: String },
     #[error("registration refused by the forge: {0}")]
     Refused(#[source] ForgeError),
     #[error("credentials file {path}: {message}")]
@@ -145,10 +142,15 @@ pub async fn establish(
                 return Ok(client);
             }
             Err(e) if e.is_unregistered() => {
-                return Err(RegistrationError::Unregistered {
-                    uuid: creds.uuid,
-                    file: cfg.credentials_file.display().to_string(),
-                });
+                let remedy = if cfg.runner_uuid.is_some() {
+                    "Configure fresh forge.runner_uuid/runner_token, or remove them and set forge.registration_token to register anew".to_owned()
+                } else {
+                    format!(
+                        "Remove {} and restart with a valid forge.registration_token, or configure forge.runner_uuid/runner_token",
+                        cfg.credentials_file.display()
+                    )
+                };
+                return Err(RegistrationError::Unregistered { uuid: creds.uuid, remedy });
             }
             Err(e) if e.is_retryable() => tracing::warn!(error = %e, "declare failed; retrying"),
             Err(e) => return Err(RegistrationError::Refused(e)),

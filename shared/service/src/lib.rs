@@ -117,9 +117,8 @@ where
     let result = run(process).await;
     shutdown.trigger();
     signals.abort();
-    match tokio::time::timeout(Duration::from_secs(5), ops).await {
-        Ok(Ok(Err(e))) => tracing::warn!(error = %e, "ops endpoint failed"),
-        Ok(_) | Err(_) => {}
+    if let Ok(Ok(Err(e))) = tokio::time::timeout(Duration::from_secs(5), ops).await {
+        tracing::warn!(error = %e, "ops endpoint failed");
     }
     match result {
         Ok(()) => {
