@@ -1,1 +1,42 @@
-//! JetStream bus: streams and consumers declared in code, dedupe and once-only publish, consumer loop
+//! The JetStream bus of jetrunner (design §3): the three streams and the durable consumers
+//! declared in code, publishing envelopes with readable headers, dedupe ids, once-only facts and
+//! W3C trace context, and a consumer loop that decodes, gates, traces and settles every message.
+//!
+//! ```no_run
+//! # async fn demo(shutdown: tokio_util::sync::CancellationToken) -> Result<(), jr_bus::BusError> {
+//! use jr_bus::{Bus, ConsumerOptions, ConsumerSpec, Disposition, Topology};
+//! let backend = jr_protocol::BackendName::new("pod").expect("valid");
+//! let bus = Bus::connect("nats://127.0.0.1:4222", "pod-worker", None).await?;
+//! let spec = ConsumerSpec::worker_assignments(&backend);
+//! bus.ensure_topology(&Topology::new().consumer(spec.clone())).await?;
+//! bus.run_consumer(&spec, |delivery| async move {
+//!     tracing::info!(id = %delivery.envelope.id, "got it");
+//!     Disposition::Ack
+//! }, ConsumerOptions::default(), shutdown).await
+//! # }
+//! ```
+
+mod bus;
+mod consume;
+mod error;
+mod gate;
+mod metrics;
+mod publish;
+mod retry;
+mod topology;
+mod trace;
+
+#[cfg(feature = "testing")]
+pub mod testing;
+
+pub use async_nats;
+pub use bus::{Bus, Credentials};
+pub use consume::{ConsumerOptions, Delivery, Disposition};
+pub use error::{BusError, PublishFailure};
+pub use gate::{Gate, Permit, SemaphoreGate};
+pub use metrics::{BusMetrics, Labels};
+pub use publish::{PublishOnce, PublishOutcome};
+pub use retry::{Backoff, retry_transient};
+pub use tokio_util::sync::CancellationToken;
+pub use topology::{ConsumerCounts, ConsumerSpec, StartFrom, Topology};
+pub use trace::{current_trace_context, extract_context};

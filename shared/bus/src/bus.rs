@@ -1,0 +1,138 @@
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use async_nats::jetstream;
+use tokio::sync::watch;
+
+use crate::error::BusError;
+use crate::metrics::BusMetrics;
+
+/// How this process authenticates to NATS.
+#[derive(Clone)]
+pub enum Credentials {
+    /// A `.creds` file (user JWT + nkey seed), as `nsc` writes them.
+    File(PathBuf),
+    UserPassword {
+        user: String,
+        password: String,
+    },
+    Token(String),
+    /// An nkey seed (`SU...`).
+    NKeySeed(String),
+}
+
+impl std::fmt::Debug for Credentials {
+    // Secrets stay out of logs.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Credentials::File(path) => f.debug_tuple("File").field(path).finish(),
+            Credentials::UserPassword { user, .. } => f
+                .debug_struct("UserPassword")
+                .field("user", user)
+                .finish_non_exhaustive(),
+            Credentials::Token(_) => f.write_str("Token(..)"),
+            Credentials::NKeySeed(_) => f.write_str("NKeySeed(..)"),
+        }
+    }
+}
+
+/// A connection to NATS with its JetStream context. Cheap to clone; all clones share one
+/// connection, which reconnects forever in the background.
+#[derive(Clone)]
+pub struct Bus {
+    pub(crate) client: async_nats::Client,
+    pub(crate) js: jetstream::Context,
+    pub(crate) metrics: Arc<BusMetrics>,
+    /// Counts (re)connections, so pull loops can re-issue pull requests the server forgot.
+    pub(crate) connections: Arc<watch::Sender<u64>>,
+}
+
+impl Bus {
+    /// Connects to `url` as client `name`. Returns at once even if the server is not reachable
+    /// yet: the first connection and every reconnection are retried forever in the background,
+    /// and operations issued meanwhile wait or time out (transient errors).
+    pub async fn connect(
+        url: &str,
+        name: &str,
+        credentials: Option<Credentials>,
+    ) -> Result<Bus, BusError> {
+        let connections = Arc::new(watch::Sender::new(0u64));
+        let on_event = connections.clone();
+        let mut options = async_nats::ConnectOptions::new()
+            .name(name)
+            .retry_on_initial_connect()
+            .max_reconnects(None)
+            .event_callback(move |event| {
+                let connections = on_event.clone();
+                async move {
+                    match event {
+                        async_nats::Event::Connected => {
+                            connections.send_modify(|n| *n += 1);
+                            tracing::info!("connected to NATS");
+                        }
+                        async_nats::Event::Disconnected => tracing::warn!("disconnected from NATS"),
+                        other => tracing::info!(event = %other, "NATS connection event"),
+                    }
+                }
+            });
+        options = match credentials {
+            None => options,
+            Some(Credentials::File(path)) => options
+                .credentials_file(path)
+                .await
+                .map_err(BusError::Credentials)?,
+            Some(Credentials::UserPassword { user, password }) => {
+                options.user_and_password(user, password)
+            }
+            Some(Credentials::Token(token)) => options.token(token),
+            Some(Credentials::NKeySeed(seed)) => options.nkey(seed),
+        };
+        let client = options.connect(url).await.map_err(|e| BusError::Connect {
+            url: url.to_owned(),
+            source: Box::new(e),
+        })?;
+        let js = jetstream::new(client.clone());
+        Ok(Bus {
+            client,
+            js,
+            metrics: Arc::new(BusMetrics::default()),
+            connections,
+        })
+    }
+
+    /// Wraps an existing client (tests, or a caller with special connect options). Without
+    /// [`Bus::connect`]'s event hook, gated pull loops notice a reconnection only when their
+    /// pull request expires.
+    pub fn from_client(client: async_nats::Client) -> Bus {
+        let js = jetstream::new(client.clone());
+        let connections = Arc::new(watch::Sender::new(0u64));
+        Bus {
+            client,
+            js,
+            metrics: Arc::new(BusMetrics::default()),
+            connections,
+        }
+    }
+
+    pub fn client(&self) -> &async_nats::Client {
+        &self.client
+    }
+
+    pub fn jetstream(&self) -> &jetstream::Context {
+        &self.js
+    }
+
+    /// Counters of this bus (publishes, dispositions, undecodable messages); register them
+    /// once into the service's registry with [`BusMetrics::register`].
+    pub fn metrics(&self) -> &Arc<BusMetrics> {
+        &self.metrics
+    }
+
+    /// Whether the connection is currently up (for `/readyz`).
+    pub fn is_connected(&self) -> bool {
+        matches!(
+            self.client.connection_state(),
+            async_nats::connection::State::Connected
+        )
+    }
+}

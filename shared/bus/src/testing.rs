@@ -1,0 +1,145 @@
+//! A real `nats-server` for tests (feature `testing`): own port, own store directory, hard kill
+//! and restart on the same port and store. The binary is taken from `$NATS_SERVER_BIN` or `PATH`.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+const READY_TIMEOUT: Duration = Duration::from_secs(20);
+
+pub struct NatsServer {
+    port: u16,
+    monitor_port: u16,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+fn free_port() -> std::io::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn healthy(monitor_port: u16) -> bool {
+    let addr = SocketAddr::from(([127, 0, 0, 1], monitor_port));
+    let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+    let request = "GET /healthz?js-enabled-only=true HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    if stream.write_all(request.as_bytes()).is_err() {
+        return false;
+    }
+    let mut response = String::new();
+    let _ = stream.read_to_string(&mut response);
+    response.starts_with("HTTP/1.1 200") || response.starts_with("HTTP/1.0 200")
+}
+
+impl NatsServer {
+    /// Starts a JetStream-enabled server on free ports with a fresh store and waits until
+    /// JetStream answers.
+    pub async fn start() -> std::io::Result<NatsServer> {
+        let mut server = NatsServer {
+            port: free_port()?,
+            monitor_port: free_port()?,
+            dir: tempfile::tempdir()?,
+            child: None,
+        };
+        server.spawn().await?;
+        Ok(server)
+    }
+
+    /// `nats://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `http://127.0.0.1:<monitor port>` (for `/jsz?consumers=true`).
+    pub fn monitor_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.monitor_port)
+    }
+
+    pub fn store_dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// SIGKILL: no lame-duck mode, no flush; what a crashed node looks like.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port with the same store (after [`Self::kill`]).
+    pub async fn restart(&mut self) -> std::io::Result<()> {
+        self.kill();
+        self.spawn().await
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
+    }
+
+    async fn spawn(&mut self) -> std::io::Result<()> {
+        let binary: PathBuf = std::env::var_os("NATS_SERVER_BIN")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("nats-server"));
+        let store = self.dir.path().join("jetstream");
+        let log = self.dir.path().join("nats.log");
+        let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
+        // The port may linger briefly after a kill; retry the spawn until it binds.
+        loop {
+            let mut child = Command::new(&binary)
+                .args(["-js", "-a", "127.0.0.1"])
+                .args(["-p", &self.port.to_string()])
+                .args(["-m", &self.monitor_port.to_string()])
+                .arg("-sd")
+                .arg(&store)
+                .arg("-l")
+                .arg(&log)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .map_err(|e| {
+                    std::io::Error::new(e.kind(), format!("starting {}: {e}", binary.display()))
+                })?;
+            loop {
+                if healthy(self.monitor_port) {
+                    self.child = Some(child);
+                    return Ok(());
+                }
+                if let Ok(Some(_exited)) = child.try_wait() {
+                    break;
+                }
+                if tokio::time::Instant::now() > deadline {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("nats-server not ready; see {}", log.display()),
+                    ));
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            if tokio::time::Instant::now() > deadline {
+                return Err(std::io::Error::other(format!(
+                    "nats-server keeps exiting; see {}",
+                    log.display()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

@@ -1,0 +1,311 @@
+//! Streams and durable consumers declared in code (design §3), applied idempotently.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer, stream};
+use jr_protocol::{BackendName, STREAM_ASSIGNMENTS, STREAM_COMMANDS, STREAM_EVENTS, subject};
+
+use crate::bus::Bus;
+use crate::error::BusError;
+
+const DAY: Duration = Duration::from_secs(24 * 60 * 60);
+const DUPLICATE_WINDOW: Duration = Duration::from_secs(10 * 60);
+const DEFAULT_ACK_WAIT: Duration = Duration::from_secs(60);
+
+/// Where a new consumer starts. Only honoured when the consumer is first created.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StartFrom {
+    /// Every message still in the stream.
+    All,
+    /// Only messages published after the consumer is created.
+    New,
+    /// The last message of every subject.
+    LastPerSubject,
+}
+
+impl StartFrom {
+    fn policy(self) -> consumer::DeliverPolicy {
+        match self {
+            StartFrom::All => consumer::DeliverPolicy::All,
+            StartFrom::New => consumer::DeliverPolicy::New,
+            StartFrom::LastPerSubject => consumer::DeliverPolicy::LastPerSubject,
+        }
+    }
+}
+
+/// One durable pull consumer with explicit acks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConsumerSpec {
+    pub stream: String,
+    pub durable: String,
+    /// One or more filters; several need nats-server ≥ 2.10.
+    pub filter_subjects: Vec<String>,
+    pub ack_wait: Duration,
+    pub max_ack_pending: i64,
+    /// Deliveries per message before the server gives up; `-1` = unlimited.
+    pub max_deliver: i64,
+    pub deliver_policy: StartFrom,
+}
+
+impl ConsumerSpec {
+    /// A consumer with the defaults used across jetrunner (ack_wait 60 s, max_ack_pending 1000,
+    /// unlimited deliveries, from the start of the stream).
+    pub fn new(
+        stream: impl Into<String>,
+        durable: impl Into<String>,
+        filter_subjects: Vec<String>,
+    ) -> Self {
+        Self {
+            stream: stream.into(),
+            durable: durable.into(),
+            filter_subjects,
+            ack_wait: DEFAULT_ACK_WAIT,
+            max_ack_pending: 1000,
+            max_deliver: -1,
+            deliver_policy: StartFrom::All,
+        }
+    }
+
+    /// `<backend>-worker` on JR_ASSIGNMENTS, filter `jr.assignment.<backend>.>`.
+    pub fn worker_assignments(backend: &BackendName) -> Self {
+        Self::new(
+            STREAM_ASSIGNMENTS,
+            format!("{backend}-worker"),
+            vec![subject::assignments_of(backend)],
+        )
+    }
+
+    /// `<backend>-worker` on JR_COMMANDS, filter `jr.command.<backend>.>`.
+    pub fn worker_commands(backend: &BackendName) -> Self {
+        Self::new(
+            STREAM_COMMANDS,
+            format!("{backend}-worker"),
+            vec![subject::commands_for(backend.as_str())],
+        )
+    }
+
+    /// `scheduler` on JR_COMMANDS, filter `jr.command.scheduler.>`.
+    pub fn scheduler_commands() -> Self {
+        Self::new(
+            STREAM_COMMANDS,
+            "scheduler",
+            vec![subject::commands_for(subject::SCHEDULER_TARGET)],
+        )
+    }
+
+    /// `reconciler` on JR_ASSIGNMENTS, every assignment.
+    pub fn reconciler_assignments() -> Self {
+        Self::new(
+            STREAM_ASSIGNMENTS,
+            "reconciler",
+            vec![subject::ASSIGNMENTS_ALL.to_owned()],
+        )
+    }
+
+    /// `reconciler` on JR_EVENTS, every event.
+    pub fn reconciler_events() -> Self {
+        Self::new(
+            STREAM_EVENTS,
+            "reconciler",
+            vec![subject::EVENTS_ALL.to_owned()],
+        )
+    }
+
+    pub(crate) fn config(&self) -> consumer::pull::Config {
+        // A single filter goes into `filter_subject`, which nats-server 2.9 understands too.
+        let (filter_subject, filter_subjects) = match self.filter_subjects.as_slice() {
+            [one] => (one.clone(), Vec::new()),
+            many => (String::new(), many.to_vec()),
+        };
+        consumer::pull::Config {
+            durable_name: Some(self.durable.clone()),
+            filter_subject,
+            filter_subjects,
+            ack_policy: consumer::AckPolicy::Explicit,
+            deliver_policy: self.deliver_policy.policy(),
+            ack_wait: self.ack_wait,
+            max_ack_pending: self.max_ack_pending,
+            max_deliver: self.max_deliver,
+            ..Default::default()
+        }
+    }
+}
+
+/// Everything one service declares: the three streams and its own consumers.
+#[derive(Clone, Debug)]
+pub struct Topology {
+    pub replicas: usize,
+    pub consumers: Vec<ConsumerSpec>,
+}
+
+impl Default for Topology {
+    fn default() -> Self {
+        Self {
+            replicas: 1,
+            consumers: Vec::new(),
+        }
+    }
+}
+
+impl Topology {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Stream replicas (R3 in a cluster).
+    pub fn replicas(mut self, replicas: usize) -> Self {
+        self.replicas = replicas.max(1);
+        self
+    }
+
+    pub fn consumer(mut self, spec: ConsumerSpec) -> Self {
+        self.consumers.push(spec);
+        self
+    }
+
+    /// The stream configurations (design §3).
+    pub fn streams(&self) -> Vec<stream::Config> {
+        let base = |name: &str, subjects: &str| stream::Config {
+            name: name.to_owned(),
+            subjects: vec![subjects.to_owned()],
+            storage: stream::StorageType::File,
+            num_replicas: self.replicas,
+            duplicate_window: DUPLICATE_WINDOW,
+            // Leader-served last-by-subject reads stay available; direct gets are a bonus.
+            allow_direct: true,
+            ..Default::default()
+        };
+        vec![
+            stream::Config {
+                retention: stream::RetentionPolicy::Limits,
+                max_age: 7 * DAY,
+                ..base(STREAM_ASSIGNMENTS, subject::ASSIGNMENTS_ALL)
+            },
+            stream::Config {
+                retention: stream::RetentionPolicy::Limits,
+                max_age: 30 * DAY,
+                ..base(STREAM_EVENTS, subject::EVENTS_ALL)
+            },
+            stream::Config {
+                retention: stream::RetentionPolicy::WorkQueue,
+                ..base(STREAM_COMMANDS, subject::COMMANDS_ALL)
+            },
+        ]
+    }
+}
+
+fn stream_error_is_transient(kind: &jetstream::context::CreateStreamErrorKind) -> bool {
+    use jetstream::context::CreateStreamErrorKind as K;
+    match kind {
+        K::JetStreamUnavailable | K::TimedOut | K::Response | K::ResponseParse | K::NotFound => {
+            true
+        }
+        K::EmptyStreamName | K::InvalidStreamName | K::DomainAndExternalSet | K::JetStream(_) => {
+            false
+        }
+    }
+}
+
+fn consumer_error_is_transient(kind: &jetstream::stream::ConsumerErrorKind) -> bool {
+    use jetstream::stream::ConsumerErrorKind as K;
+    match kind {
+        K::TimedOut | K::Request | K::Other => true,
+        K::InvalidConsumerType | K::InvalidName | K::JetStream(_) => false,
+    }
+}
+
+impl Bus {
+    /// Creates or updates the streams and this service's consumers. Safe to call at every start
+    /// and from several replicas at once.
+    pub async fn ensure_topology(&self, topology: &Topology) -> Result<(), BusError> {
+        for config in topology.streams() {
+            let name = config.name.clone();
+            self.js
+                .create_or_update_stream(config)
+                .await
+                .map_err(|e| BusError::DeclareStream {
+                    stream: name.clone(),
+                    transient: stream_error_is_transient(&e.kind()),
+                    source: Box::new(e),
+                })?;
+            tracing::debug!(stream = %name, "stream declared");
+        }
+        for spec in &topology.consumers {
+            self.ensure_consumer(spec).await?;
+        }
+        Ok(())
+    }
+
+    /// Creates or updates one durable consumer and returns a handle to it.
+    pub async fn ensure_consumer(
+        &self,
+        spec: &ConsumerSpec,
+    ) -> Result<consumer::PullConsumer, BusError> {
+        let declare_error = |e: jetstream::stream::ConsumerError| BusError::DeclareConsumer {
+            stream: spec.stream.clone(),
+            durable: spec.durable.clone(),
+            transient: consumer_error_is_transient(&e.kind()),
+            source: Box::new(e),
+        };
+        let stream = self
+            .js
+            .get_stream_no_info(&spec.stream)
+            .await
+            .map_err(|e| BusError::DeclareConsumer {
+                stream: spec.stream.clone(),
+                durable: spec.durable.clone(),
+                transient: true,
+                source: Box::new(e),
+            })?;
+        let consumer = stream
+            .create_consumer(spec.config())
+            .await
+            .map_err(declare_error)?;
+        tracing::debug!(stream = %spec.stream, durable = %spec.durable, "consumer declared");
+        Ok(consumer)
+    }
+
+    /// Pending counters of a durable consumer (metrics and status pages).
+    pub async fn consumer_info(
+        &self,
+        stream: &str,
+        durable: &str,
+    ) -> Result<ConsumerCounts, BusError> {
+        let error = |e: Box<dyn std::error::Error + Send + Sync>| BusError::ConsumerInfo {
+            stream: stream.to_owned(),
+            durable: durable.to_owned(),
+            source: e,
+        };
+        let handle = self
+            .js
+            .get_stream_no_info(stream)
+            .await
+            .map_err(|e| error(Box::new(e)))?;
+        let info = handle
+            .consumer_info(durable)
+            .await
+            .map_err(|e| error(Box::new(e)))?;
+        Ok(ConsumerCounts {
+            num_pending: info.num_pending,
+            num_ack_pending: info.num_ack_pending as u64,
+            num_redelivered: info.num_redelivered as u64,
+            num_waiting: info.num_waiting as u64,
+            ack_floor_stream_seq: info.ack_floor.stream_sequence,
+            delivered_stream_seq: info.delivered.stream_sequence,
+        })
+    }
+}
+
+/// Consumer counters (dependencies.md §2.2 explains each).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConsumerCounts {
+    /// Matching messages not yet delivered (the queue depth).
+    pub num_pending: u64,
+    /// Delivered but not yet acked or termed.
+    pub num_ack_pending: u64,
+    pub num_redelivered: u64,
+    /// Open pull requests.
+    pub num_waiting: u64,
+    pub ack_floor_stream_seq: u64,
+    pub delivered_stream_seq: u64,
+}
