@@ -7,7 +7,11 @@ pub enum PodWorkerError {
     #[error("runner block{layer}: unknown key `{key}`", layer = layer_suffix(.layer))]
     UnknownKey { layer: Option<String>, key: String },
     #[error("runner block{layer}: invalid value for `{key}`: {message}", layer = layer_suffix(.layer))]
-    InvalidValue { layer: Option<String>, key: String, message: String },
+    InvalidValue {
+        layer: Option<String>,
+        key: String,
+        message: String,
+    },
     #[error("runner block{layer}: missing required key `{key}`", layer = layer_suffix(.layer))]
     MissingKey { layer: Option<String>, key: String },
     /// A key jetrunner sets itself (executor env, jetrunner labels).
@@ -18,7 +22,10 @@ pub enum PodWorkerError {
 }
 
 fn layer_suffix(layer: &Option<String>) -> String {
-    layer.as_ref().map(|l| format!(" of provider `{l}`")).unwrap_or_default()
+    layer
+        .as_ref()
+        .map(|l| format!(" of provider `{l}`"))
+        .unwrap_or_default()
 }
 
 impl PodWorkerError {
@@ -38,7 +45,11 @@ impl PodWorkerError {
         let layer = provider.map(str::to_owned);
         match self {
             PodWorkerError::UnknownKey { key, .. } => PodWorkerError::UnknownKey { layer, key },
-            PodWorkerError::InvalidValue { key, message, .. } => PodWorkerError::InvalidValue { layer, key, message },
+            PodWorkerError::InvalidValue { key, message, .. } => PodWorkerError::InvalidValue {
+                layer,
+                key,
+                message,
+            },
             PodWorkerError::MissingKey { key, .. } => PodWorkerError::MissingKey { layer, key },
             PodWorkerError::ReservedKey { key, .. } => PodWorkerError::ReservedKey { layer, key },
             other @ PodWorkerError::UnknownProvider { .. } => other,

@@ -43,7 +43,9 @@
 //!
 //! Layered: the backend's block (`backend.<name>.runner`), then the provider's
 //! (`backend.<name>.providers[].runner`). A later scalar replaces, mappings merge key by key,
-//! lists replace whole, `null` clears a key (TOML has no null; layers from JSON/YAML can use it).
+//! lists replace whole, and `null` — or, since TOML has no null, an empty string or empty table —
+//! clears a key (an empty list replaces whole, leaving nothing). An empty string for
+//! `runtime_class_name`/`service_account_name` means unset.
 //! Keys (unknown keys are refused, with the key's path in the error):
 //!
 //! | key | type | Pod field |

@@ -1,7 +1,6 @@
 //! The pod-worker process: the shared worker core over the Kubernetes API.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use anyhow::Context as _;
 use jr_service::Process;
@@ -33,23 +32,12 @@ pub async fn run(p: Process) -> anyhow::Result<()> {
         Some(url) => kube::Config::new(url.parse().with_context(|| format!("backend.{}.kubernetes.api_url", settings.backend))?),
         None => kube::Config::infer().await.context("no Kubernetes API: set kubernetes.api_url or run in a cluster")?,
     };
-    let client = kube::Client::try_from(client_config).context("Kubernetes client")?;
+    let client = crate::backend::client_from_config(client_config).context("Kubernetes client")?;
     let backend = PodBackend::new(client, kube_cfg.namespace.clone(), settings.backend.clone(), template);
     let worker = Worker::new(p.bus, backend, settings);
+    worker.metrics.register(&mut p.metrics.registry());
     let readiness = p.readiness.clone();
-    let watcher = {
-        let w = worker.clone();
-        let stop = p.shutdown.token();
-        tokio::spawn(async move {
-            while !stop.is_cancelled() {
-                readiness.set("worker", w.is_ready());
-                tokio::select! {
-                    _ = stop.cancelled() => break,
-                    _ = tokio::time::sleep(Duration::from_millis(200)) => {}
-                }
-            }
-        })
-    };
+    let watcher = worker.spawn_reporter(move |ready| readiness.set("worker", ready), p.shutdown.token());
     let result = worker.run(p.shutdown.token()).await;
     watcher.abort();
     result.map_err(Into::into)

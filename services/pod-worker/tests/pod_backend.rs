@@ -18,12 +18,18 @@ const WAIT: Duration = Duration::from_secs(15);
 fn client(kube: &FakeKube) -> kube::Client {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let url = kube.url().parse().expect("fake server url");
-    kube::Client::try_from(kube::Config::new(url)).expect("kube client")
+    pod_worker::backend::client_from_config(kube::Config::new(url)).expect("kube client")
 }
 
 fn backend_named(kube: &FakeKube, name: &str) -> PodBackend {
-    let template = PodTemplate::new(&json!({"image": "executor:test"}), &BTreeMap::new()).expect("template");
-    PodBackend::new(client(kube), NS, BackendName::new(name).expect("backend name"), template)
+    let template =
+        PodTemplate::new(&json!({"image": "executor:test"}), &BTreeMap::new()).expect("template");
+    PodBackend::new(
+        client(kube),
+        NS,
+        BackendName::new(name).expect("backend name"),
+        template,
+    )
 }
 
 fn backend(kube: &FakeKube) -> PodBackend {
@@ -51,7 +57,10 @@ async fn eventually<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
         if let Some(v) = check() {
             return v;
         }
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -61,6 +70,8 @@ struct Observer {
     stop: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,
     seen: Vec<ObservedWorkload>,
+    /// Indices of `seen` already returned by `expect`.
+    matched: Vec<usize>,
 }
 
 impl Observer {
@@ -75,21 +86,41 @@ impl Observer {
                 })
                 .await;
         });
-        Self { rx, stop: Some(stop), task, seen: Vec::new() }
+        Self {
+            rx,
+            stop: Some(stop),
+            task,
+            seen: Vec::new(),
+            matched: Vec::new(),
+        }
     }
 
-    /// The next observation of `pod` in `phase` (earlier ones are kept in `seen`).
+    /// An observation of `pod` in `phase` not returned before (observations of other Pods may
+    /// arrive in between; everything is kept in `seen`).
     async fn expect(&mut self, pod: &str, phase: WorkloadPhase) -> ObservedWorkload {
+        let earlier = (0..self.seen.len()).find(|i| {
+            !self.matched.contains(i)
+                && self.seen[*i].workload == pod
+                && self.seen[*i].phase == phase
+        });
+        if let Some(i) = earlier {
+            self.matched.push(i);
+            return self.seen[i].clone();
+        }
         let deadline = tokio::time::Instant::now() + WAIT;
         loop {
             let next = tokio::time::timeout_at(deadline, self.rx.recv()).await;
             let observed = match next {
                 Ok(Some(o)) => o,
-                Ok(None) => panic!("observe ended while waiting for {pod} {phase:?}; saw {:?}", self.seen),
+                Ok(None) => panic!(
+                    "observe ended while waiting for {pod} {phase:?}; saw {:?}",
+                    self.seen
+                ),
                 Err(_) => panic!("timed out waiting for {pod} {phase:?}; saw {:?}", self.seen),
             };
             self.seen.push(observed.clone());
             if observed.workload == pod && observed.phase == phase {
+                self.matched.push(self.seen.len() - 1);
                 return observed;
             }
         }
@@ -99,7 +130,10 @@ impl Observer {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
-        tokio::time::timeout(WAIT, &mut self.task).await.expect("observe stops on shutdown").expect("observe task");
+        tokio::time::timeout(WAIT, &mut self.task)
+            .await
+            .expect("observe stops on shutdown")
+            .expect("observe task");
         while let Ok(o) = self.rx.try_recv() {
             self.seen.push(o);
         }
@@ -113,7 +147,9 @@ fn pod_json_text(kube: &FakeKube, name: &str) -> String {
 
 #[tokio::test]
 async fn create_is_idempotent_and_makes_one_pod() {
-    let kube = FakeKube::start(SimConfig::passive()).await.expect("fake kube");
+    let kube = FakeKube::start(SimConfig::passive())
+        .await
+        .expect("fake kube");
     let backend = backend(&kube);
     let spec = spec(1, "token-1");
     let first = backend.create(&spec).await.expect("create");
@@ -126,23 +162,33 @@ async fn create_is_idempotent_and_makes_one_pod() {
 
 #[tokio::test]
 async fn token_is_in_the_owned_secret_and_not_in_the_pod() {
-    let kube = FakeKube::start(SimConfig::passive()).await.expect("fake kube");
+    let kube = FakeKube::start(SimConfig::passive())
+        .await
+        .expect("fake kube");
     let spec = spec(2, "very-secret-token-2");
     let name = backend(&kube).create(&spec).await.expect("create");
 
     let pod_text = pod_json_text(&kube, &name);
     assert!(!pod_text.contains("very-secret-token-2"));
-    assert_eq!(kube.secret_value(NS, &name, "runner-token").as_deref(), Some("very-secret-token-2"));
+    assert_eq!(
+        kube.secret_value(NS, &name, "runner-token").as_deref(),
+        Some("very-secret-token-2")
+    );
 
     let pod = kube.pod(NS, &name).expect("pod");
     let secret = kube.secret(NS, &name).expect("secret");
-    assert_eq!(secret["metadata"]["ownerReferences"][0]["uid"], pod["metadata"]["uid"]);
+    assert_eq!(
+        secret["metadata"]["ownerReferences"][0]["uid"],
+        pod["metadata"]["uid"]
+    );
     assert_eq!(secret["metadata"]["ownerReferences"][0]["kind"], "Pod");
 }
 
 #[tokio::test]
 async fn secret_goes_with_its_pod() {
-    let kube = FakeKube::start(SimConfig::passive()).await.expect("fake kube");
+    let kube = FakeKube::start(SimConfig::passive())
+        .await
+        .expect("fake kube");
     let backend = backend(&kube);
     let a = backend.create(&spec(3, "t3")).await.expect("create a");
     let b = backend.create(&spec(4, "t4")).await.expect("create b");
@@ -150,20 +196,32 @@ async fn secret_goes_with_its_pod() {
     backend.delete(&a).await.expect("delete");
     assert!(kube.pod(NS, &a).is_none());
     assert!(kube.secret(NS, &a).is_none());
-    backend.delete(&a).await.expect("deleting a missing pod succeeds");
+    backend
+        .delete(&a)
+        .await
+        .expect("deleting a missing pod succeeds");
 
     // Deleted by someone else: the ownerReference lets garbage collection take the Secret.
-    kube.delete_pod(NS, &b).expect("delete behind jetrunner's back");
+    kube.delete_pod(NS, &b)
+        .expect("delete behind jetrunner's back");
     assert!(kube.secret(NS, &b).is_none());
 }
 
 #[tokio::test]
 async fn list_finds_this_backends_pods_only() {
-    let kube = FakeKube::start(SimConfig::passive()).await.expect("fake kube");
+    let kube = FakeKube::start(SimConfig::passive())
+        .await
+        .expect("fake kube");
     let backend = backend(&kube);
     let ours = backend.create(&spec(5, "t5")).await.expect("create");
-    let vm_spec = WorkloadSpec { backend: BackendName::new("vm").expect("name"), ..spec(6, "t6") };
-    backend_named(&kube, "vm").create(&vm_spec).await.expect("other backend's pod");
+    let vm_spec = WorkloadSpec {
+        backend: BackendName::new("vm").expect("name"),
+        ..spec(6, "t6")
+    };
+    backend_named(&kube, "vm")
+        .create(&vm_spec)
+        .await
+        .expect("other backend's pod");
     kube.create_pod(NS, json!({"metadata": {"name": "unrelated"}, "spec": {"containers": [{"name": "c", "image": "x"}]}}))
         .expect("unrelated pod");
     // An orphan carrying our labels (e.g. left by a crashed worker) is ours to adopt.
@@ -179,8 +237,14 @@ async fn list_finds_this_backends_pods_only() {
 
     let listed = backend.list().await.expect("list");
     let names: Vec<&str> = listed.iter().map(|o| o.workload.as_str()).collect();
-    assert_eq!(names, vec!["jr-orphan-1", ours.as_str()]);
-    assert_eq!(listed[0].assignment_id, orphan);
+    let mut expected = vec!["jr-orphan-1", ours.as_str()];
+    expected.sort_unstable();
+    assert_eq!(names, expected);
+    let adopted = listed
+        .iter()
+        .find(|o| o.workload == "jr-orphan-1")
+        .expect("orphan listed");
+    assert_eq!(adopted.assignment_id, orphan);
     assert!(listed.iter().all(|o| o.phase == WorkloadPhase::Pending));
 }
 
@@ -206,10 +270,19 @@ async fn simulated_pod_runs_with_the_token_from_the_secret_and_is_observed_to_th
     let spec = spec(8, "token-8");
     let name = backend.create(&spec).await.expect("create");
     let running = observer.expect(&name, WorkloadPhase::Running).await;
-    assert_eq!((running.assignment_id, running.attempt), (spec.assignment_id, 1));
-    let env = tokio::time::timeout(WAIT, env_rx.recv()).await.expect("runner called").expect("env");
+    assert_eq!(
+        (running.assignment_id, running.attempt),
+        (spec.assignment_id, 1)
+    );
+    let env = tokio::time::timeout(WAIT, env_rx.recv())
+        .await
+        .expect("runner called")
+        .expect("env");
     assert_eq!(env["JETRUNNER_RUNNER_TOKEN"], "token-8");
-    assert_eq!(env["JETRUNNER_ASSIGNMENT_ID"], spec.assignment_id.to_string());
+    assert_eq!(
+        env["JETRUNNER_ASSIGNMENT_ID"],
+        spec.assignment_id.to_string()
+    );
     assert_eq!(env["JETRUNNER_FACADE_URL"], "http://facade.test");
 
     release.notify_one();
@@ -219,8 +292,15 @@ async fn simulated_pod_runs_with_the_token_from_the_secret_and_is_observed_to_th
     observer.expect(&name, WorkloadPhase::Gone).await;
 
     let seen = observer.stop().await;
-    let phases: Vec<WorkloadPhase> = seen.iter().filter(|o| o.workload == name).map(|o| o.phase).collect();
-    assert!(!phases.windows(2).any(|w| w[0] == w[1]), "reported only on change: {phases:?}");
+    let phases: Vec<WorkloadPhase> = seen
+        .iter()
+        .filter(|o| o.workload == name)
+        .map(|o| o.phase)
+        .collect();
+    assert!(
+        !phases.windows(2).any(|w| w[0] == w[1]),
+        "reported only on change: {phases:?}"
+    );
     assert_eq!(kube.records().max_live, 1);
 }
 
@@ -243,7 +323,12 @@ async fn failures_are_observed_with_their_reasons() {
         .boxed()
     }));
     config.faults = vec![
-        FaultRule::always(PodSelector::Name(evicted.name()), Fault::Evict { after: Duration::from_millis(100) }),
+        FaultRule::always(
+            PodSelector::Name(evicted.name()),
+            Fault::Evict {
+                after: Duration::from_millis(100),
+            },
+        ),
         FaultRule::always(PodSelector::Name(broken.name()), Fault::FailBeforeStart),
         FaultRule::always(PodSelector::Name(unschedulable.name()), Fault::StuckPending),
     ];
@@ -254,9 +339,14 @@ async fn failures_are_observed_with_their_reasons() {
         backend.create(s).await.expect("create");
     }
 
-    let e = observer.expect(&evicted.name(), WorkloadPhase::Failed).await;
+    let e = observer
+        .expect(&evicted.name(), WorkloadPhase::Failed)
+        .await;
     assert_eq!(e.reason.as_deref(), Some("evicted"));
-    let seen_running = observer.seen.iter().any(|o| o.workload == evicted.name() && o.phase == WorkloadPhase::Running);
+    let seen_running = observer
+        .seen
+        .iter()
+        .any(|o| o.workload == evicted.name() && o.phase == WorkloadPhase::Running);
     assert!(seen_running, "the evicted pod ran first");
     let b = observer.expect(&broken.name(), WorkloadPhase::Failed).await;
     assert_eq!(b.reason.as_deref(), Some("start-failed"));
@@ -268,8 +358,13 @@ async fn failures_are_observed_with_their_reasons() {
         .rev()
         .find(|o| o.workload == unschedulable.name())
         .expect("the unschedulable pod was observed");
-    assert_eq!((stuck.phase, stuck.reason.as_deref()), (WorkloadPhase::Pending, Some("unschedulable")));
-    let never_ran = seen.iter().all(|o| o.workload != broken.name() || o.phase != WorkloadPhase::Running);
+    assert_eq!(
+        (stuck.phase, stuck.reason.as_deref()),
+        (WorkloadPhase::Pending, Some("unschedulable"))
+    );
+    let never_ran = seen
+        .iter()
+        .all(|o| o.workload != broken.name() || o.phase != WorkloadPhase::Running);
     assert!(never_ran, "a pod failing before start never runs");
 }
 
@@ -280,23 +375,33 @@ async fn missing_secret_keeps_the_pod_pending_with_a_config_error() {
     let backend = backend(&kube);
     let spec = spec(14, "t14");
     let pod = backend.objects_for(&spec).expect("objects").pod;
-    kube.create_pod(NS, serde_json::to_value(&pod).expect("pod json")).expect("pod without its secret");
+    kube.create_pod(NS, serde_json::to_value(&pod).expect("pod json"))
+        .expect("pod without its secret");
     let mut observer = Observer::start(&backend);
     let observed = eventually("config error", || {
         let pod = kube.pod(NS, &spec.name())?;
-        (pod["status"]["containerStatuses"][0]["state"]["waiting"]["reason"] == "CreateContainerConfigError").then_some(pod)
+        (pod["status"]["containerStatuses"][0]["state"]["waiting"]["reason"]
+            == "CreateContainerConfigError")
+            .then_some(pod)
     })
     .await;
     assert_eq!(observed["status"]["phase"], "Pending");
     let pending = observer.expect(&spec.name(), WorkloadPhase::Pending).await;
-    let pending = if pending.reason.is_none() { observer.expect(&spec.name(), WorkloadPhase::Pending).await } else { pending };
+    let pending = if pending.reason.is_none() {
+        observer.expect(&spec.name(), WorkloadPhase::Pending).await
+    } else {
+        pending
+    };
     assert_eq!(pending.reason.as_deref(), Some("config-error"));
     observer.stop().await;
 }
 
 #[tokio::test]
 async fn graceful_deletion_is_reported_as_terminating_then_gone() {
-    let config = SimConfig { delete_grace: Duration::from_millis(300), ..SimConfig::passive() };
+    let config = SimConfig {
+        delete_grace: Duration::from_millis(300),
+        ..SimConfig::passive()
+    };
     let kube = FakeKube::start(config).await.expect("fake kube");
     let backend = backend(&kube);
     let mut observer = Observer::start(&backend);
@@ -311,7 +416,9 @@ async fn graceful_deletion_is_reported_as_terminating_then_gone() {
 
 #[tokio::test]
 async fn restarted_watch_reports_what_changed_while_it_was_away() {
-    let kube = FakeKube::start(SimConfig::passive()).await.expect("fake kube");
+    let kube = FakeKube::start(SimConfig::passive())
+        .await
+        .expect("fake kube");
     let backend = backend(&kube);
     let mut observer = Observer::start(&backend);
     let a = backend.create(&spec(20, "t20")).await.expect("create a");
@@ -322,7 +429,8 @@ async fn restarted_watch_reports_what_changed_while_it_was_away() {
     observer.stop().await;
 
     // While nobody watches: a finishes, b appears, c is deleted.
-    kube.mark_exited(NS, &a, &ExitStatus::success()).expect("a exits");
+    kube.mark_exited(NS, &a, &ExitStatus::success())
+        .expect("a exits");
     let b = backend.create(&spec(21, "t21")).await.expect("create b");
     kube.delete_pod(NS, &c).expect("delete c");
 
@@ -335,9 +443,13 @@ async fn restarted_watch_reports_what_changed_while_it_was_away() {
     // from its resourceVersion and replays them.
     kube.set_unavailable(true);
     kube.mark_running(NS, &b).expect("b runs");
-    kube.mark_exited(NS, &b, &ExitStatus::failed(2)).expect("b fails");
+    kube.mark_exited(NS, &b, &ExitStatus::failed(2))
+        .expect("b fails");
     let rejected = kube.rejected_requests();
-    eventually("the watcher hits the outage", || (kube.rejected_requests() > rejected).then_some(())).await;
+    eventually("the watcher hits the outage", || {
+        (kube.rejected_requests() > rejected).then_some(())
+    })
+    .await;
     kube.set_unavailable(false);
     observer.expect(&b, WorkloadPhase::Running).await;
     let failed = observer.expect(&b, WorkloadPhase::Failed).await;
@@ -345,26 +457,48 @@ async fn restarted_watch_reports_what_changed_while_it_was_away() {
 
     let seen = observer.stop().await;
     let a_reports = seen.iter().filter(|o| o.workload == a).count();
-    assert_eq!(a_reports, 1, "an unchanged pod is not reported again: {seen:?}");
+    assert_eq!(
+        a_reports, 1,
+        "an unchanged pod is not reported again: {seen:?}"
+    );
 }
 
 #[tokio::test]
 async fn api_outage_is_a_transient_error() {
-    let kube = FakeKube::start(SimConfig::passive()).await.expect("fake kube");
+    let kube = FakeKube::start(SimConfig::passive())
+        .await
+        .expect("fake kube");
     let backend = backend(&kube);
     let spec = spec(30, "t30");
     kube.set_unavailable(true);
     let create = backend.create(&spec).await.expect_err("outage");
-    assert!(matches!(create, BackendError::Transient { .. }), "{create:?}");
-    assert!(matches!(backend.list().await, Err(BackendError::Transient { .. })));
-    assert!(matches!(backend.delete("jr-x-1").await, Err(BackendError::Transient { .. })));
+    assert!(
+        matches!(create, BackendError::Transient { .. }),
+        "{create:?}"
+    );
+    assert!(matches!(
+        backend.list().await,
+        Err(BackendError::Transient { .. })
+    ));
+    assert!(matches!(
+        backend.delete("jr-x-1").await,
+        Err(BackendError::Transient { .. })
+    ));
     kube.set_unavailable(false);
-    assert_eq!(backend.create(&spec).await.expect("create after the outage"), spec.name());
+    assert_eq!(
+        backend
+            .create(&spec)
+            .await
+            .expect("create after the outage"),
+        spec.name()
+    );
 }
 
 #[tokio::test]
 async fn connection_refused_is_a_transient_error() {
-    let kube = FakeKube::start(SimConfig::passive()).await.expect("fake kube");
+    let kube = FakeKube::start(SimConfig::passive())
+        .await
+        .expect("fake kube");
     let backend = backend(&kube);
     drop(kube);
     // The server task is gone; nothing listens any more.
@@ -374,33 +508,58 @@ async fn connection_refused_is_a_transient_error() {
 
 #[tokio::test]
 async fn leftover_secret_of_an_earlier_delivery_gets_the_new_token() {
-    let kube = FakeKube::start(SimConfig::passive()).await.expect("fake kube");
+    let kube = FakeKube::start(SimConfig::passive())
+        .await
+        .expect("fake kube");
     let spec = spec(40, "new-token");
-    kube.create_secret(NS, json!({"metadata": {"name": spec.name()}, "stringData": {"runner-token": "old-token"}}))
-        .expect("secret from a crashed delivery");
+    kube.create_secret(
+        NS,
+        json!({"metadata": {"name": spec.name()}, "stringData": {"runner-token": "old-token"}}),
+    )
+    .expect("secret from a crashed delivery");
     let name = backend(&kube).create(&spec).await.expect("create");
-    assert_eq!(kube.secret_value(NS, &name, "runner-token").as_deref(), Some("new-token"));
+    assert_eq!(
+        kube.secret_value(NS, &name, "runner-token").as_deref(),
+        Some("new-token")
+    );
     let pod = kube.pod(NS, &name).expect("pod");
     let secret: Value = kube.secret(NS, &name).expect("secret");
-    assert_eq!(secret["metadata"]["ownerReferences"][0]["uid"], pod["metadata"]["uid"]);
+    assert_eq!(
+        secret["metadata"]["ownerReferences"][0]["uid"],
+        pod["metadata"]["uid"]
+    );
 }
 
 /// Documents the known limitation: a redelivery finds the Pod and leaves its token alone.
 #[tokio::test]
 async fn redelivery_returns_the_existing_pod_with_its_original_token() {
-    let kube = FakeKube::start(SimConfig::passive()).await.expect("fake kube");
+    let kube = FakeKube::start(SimConfig::passive())
+        .await
+        .expect("fake kube");
     let backend = backend(&kube);
     let first = spec(41, "first-token");
-    let redelivered = WorkloadSpec { executor_token: "second-token".into(), ..first.clone() };
+    let redelivered = WorkloadSpec {
+        executor_token: "second-token".into(),
+        ..first.clone()
+    };
     backend.create(&first).await.expect("create");
-    assert_eq!(backend.create(&redelivered).await.expect("create again"), first.name());
-    assert_eq!(kube.secret_value(NS, &first.name(), "runner-token").as_deref(), Some("first-token"));
+    assert_eq!(
+        backend.create(&redelivered).await.expect("create again"),
+        first.name()
+    );
+    assert_eq!(
+        kube.secret_value(NS, &first.name(), "runner-token")
+            .as_deref(),
+        Some("first-token")
+    );
     assert_eq!(kube.records().created.len(), 1);
 }
 
 #[tokio::test]
 async fn a_foreign_pod_with_the_same_name_is_a_permanent_error() {
-    let kube = FakeKube::start(SimConfig::passive()).await.expect("fake kube");
+    let kube = FakeKube::start(SimConfig::passive())
+        .await
+        .expect("fake kube");
     let spec = spec(42, "t42");
     kube.create_pod(NS, json!({"metadata": {"name": spec.name()}, "spec": {"containers": [{"name": "c", "image": "x"}]}}))
         .expect("squatter");

@@ -19,6 +19,7 @@ fn now_ms() -> u64 {
 /// server would drop them as duplicates anyway, this saves the round trip).
 pub struct Executor {
     bus: Bus,
+    metrics: std::sync::Arc<crate::metrics::ReconcilerMetrics>,
     reissue_after: Duration,
     issued: HashMap<String, Instant>,
 }
@@ -32,8 +33,8 @@ pub enum ExecuteError {
 }
 
 impl Executor {
-    pub fn new(bus: Bus, reissue_after: Duration) -> Self {
-        Self { bus, reissue_after, issued: HashMap::new() }
+    pub fn new(bus: Bus, metrics: std::sync::Arc<crate::metrics::ReconcilerMetrics>, reissue_after: Duration) -> Self {
+        Self { bus, metrics, reissue_after, issued: HashMap::new() }
     }
 
     /// Executes `commands`; returns how many were published now.
@@ -49,6 +50,7 @@ impl Executor {
             match self.publish(command, &id).await {
                 Ok(()) => {
                     tracing::info!(command = %id, reason = command.reason(), "command issued");
+                    self.metrics.commands.get_or_create(&crate::metrics::KindLabel { kind: command.kind().to_owned() }).inc();
                     self.issued.insert(id, now);
                     published += 1;
                 }

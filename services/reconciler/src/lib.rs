@@ -3,6 +3,7 @@
 //! commands.
 
 pub mod executor;
+pub mod metrics;
 pub mod planner;
 pub mod projector;
 pub mod service;

@@ -13,6 +13,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::executor::Executor;
+use crate::metrics::{BackendLabel, ReconcilerMetrics};
 use crate::planner::{PlannerConfig, plan};
 use crate::projector::{self, ProjectorState};
 use crate::status::{StatusState, router};
@@ -23,6 +24,7 @@ pub fn planner_config(c: &jr_config::ReconcilerConfig) -> PlannerConfig {
         terminal_grace: c.terminal_grace,
         lost_timeout: c.lost_timeout,
         unreachable_hold: c.unreachable_hold,
+        orphan_grace: c.orphan_grace,
         max_attempts: c.max_attempts,
         ..PlannerConfig::default()
     }
@@ -84,8 +86,11 @@ pub async fn run(p: Process) -> anyhow::Result<()> {
         })
     };
 
+    let metrics = Arc::new(ReconcilerMetrics::default());
+    metrics.register(&mut p.metrics.registry(), states.clone());
     let planner = planner_config(&cfg);
-    let mut executor = Executor::new(p.bus.clone(), Duration::from_secs(30));
+    let mut executor = Executor::new(p.bus.clone(), metrics.clone(), Duration::from_secs(30));
+    let backends: Vec<String> = p.config.enabled_backends().map(|(n, _)| n.to_string()).collect();
     loop {
         let caught_up = states.iter().all(|(_, s)| s.caught_up.load(Ordering::Acquire));
         p.readiness.set("projection", caught_up);
@@ -95,6 +100,7 @@ pub async fn run(p: Process) -> anyhow::Result<()> {
                 Ok(snapshot) => {
                     let commands = plan(&snapshot, now_ms(), &planner);
                     executor.execute(&commands).await;
+                    update_gauges(&p.bus, &store, &metrics, &backends).await;
                 }
                 Err(e) => tracing::warn!(error = %e, "cannot read the projection; planning later"),
             }
@@ -110,4 +116,19 @@ pub async fn run(p: Process) -> anyhow::Result<()> {
     }
     let _ = status_task.await;
     Ok(())
+}
+
+/// Queue depth (the worker consumer's pending count) and projected slot use per backend.
+async fn update_gauges(bus: &jr_bus::Bus, store: &Store, metrics: &ReconcilerMetrics, backends: &[String]) {
+    for backend in backends {
+        if let Ok(c) = bus.consumer_info(STREAM_ASSIGNMENTS, &format!("{backend}-worker")).await {
+            metrics.queue_depth.get_or_create(&BackendLabel { backend: backend.clone() }).set(c.num_pending as i64);
+        }
+    }
+    if let Ok(slots) = store.slots_used().await {
+        for backend in backends {
+            let used = slots.iter().find(|s| &s.backend == backend).map_or(0, |s| s.used);
+            metrics.slots_used.get_or_create(&BackendLabel { backend: backend.clone() }).set(used as i64);
+        }
+    }
 }

@@ -7,6 +7,7 @@ pub mod fail_task;
 pub mod fetcher;
 pub mod forge_report;
 pub mod ledger;
+pub mod metrics;
 pub mod registration;
 pub mod routing;
 pub mod seal;

@@ -50,7 +50,13 @@ pub fn tls_from_config(config: &Config) -> anyhow::Result<Option<TlsSettings>> {
 
 /// Runs fetchers, the facade and the fail-task consumer until `shutdown` (or until the forge
 /// says the runner is gone, which is returned as an error).
-pub async fn run(config: Config, bus: Bus, ready: ReadyFn, shutdown: CancellationToken) -> anyhow::Result<()> {
+pub async fn run(
+    config: Config,
+    bus: Bus,
+    ready: ReadyFn,
+    metrics: Option<&jr_telemetry::Metrics>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     let router = Router::from_config(&config);
     let sealer = Arc::new(sealer_from_config(&config)?);
     let tls = tls_from_config(&config)?;
@@ -90,6 +96,9 @@ pub async fn run(config: Config, bus: Bus, ready: ReadyFn, shutdown: Cancellatio
         },
         JetStreamLedger::new(bus.clone(), backends),
     )?);
+    if let Some(metrics) = metrics {
+        metrics.registry().register_collector(Box::new(crate::metrics::SchedulerCollector { dispatcher: dispatcher.clone(), facade: facade.clone() }));
+    }
     let listener = tokio::net::TcpListener::bind(config.facade.listen)
         .await
         .with_context(|| format!("binding facade.listen {}", config.facade.listen))?;

@@ -1,7 +1,7 @@
 //! The worker loop shared by both backends (design §2 "pod-worker and vm-worker").
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -14,6 +14,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::{Backend, BackendError, ObservedWorkload, WorkloadSpec};
+use crate::metrics::{ErrorLabels, WorkerMetrics};
 use crate::slots::Slots;
 use crate::token::{TokenKey, token_hash};
 
@@ -34,18 +35,6 @@ pub enum WorkerError {
     Bus(#[from] jr_bus::BusError),
 }
 
-/// Counters for metrics and tests.
-#[derive(Debug, Default)]
-pub struct WorkerStats {
-    pub created: AtomicU64,
-    pub create_errors: AtomicU64,
-    pub full_pauses: AtomicU64,
-    pub deleted: AtomicU64,
-    pub released: AtomicU64,
-    pub adopted: AtomicU64,
-    pub terminated_messages: AtomicU64,
-}
-
 struct Live {
     assignment_id: AssignmentId,
     attempt: u32,
@@ -61,7 +50,7 @@ pub struct Worker<B: Backend> {
     slots: Arc<Slots>,
     live: Mutex<HashMap<String, Live>>,
     ready: AtomicBool,
-    pub stats: WorkerStats,
+    pub metrics: WorkerMetrics,
 }
 
 fn now_ms() -> u64 {
@@ -78,7 +67,7 @@ impl<B: Backend> Worker<B> {
             slots,
             live: Mutex::new(HashMap::new()),
             ready: AtomicBool::new(false),
-            stats: WorkerStats::default(),
+            metrics: WorkerMetrics::default(),
         })
     }
 
@@ -89,6 +78,26 @@ impl<B: Backend> Worker<B> {
     /// Recovered and pulling.
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Acquire)
+    }
+
+    /// Keeps the slot gauges and the readiness flag (`report(ready)`) current until shutdown.
+    pub fn spawn_reporter(
+        self: &Arc<Self>,
+        report: impl Fn(bool) + Send + 'static,
+        shutdown: CancellationToken,
+    ) -> tokio::task::JoinHandle<()> {
+        let me = self.clone();
+        me.metrics.slots_total.set(me.settings.capacity as i64);
+        tokio::spawn(async move {
+            loop {
+                me.metrics.slots_used.set(me.slots.used().min(me.settings.capacity) as i64);
+                report(me.is_ready());
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+                }
+            }
+        })
     }
 
     pub fn topology(backend: &BackendName) -> (ConsumerSpec, ConsumerSpec) {
@@ -204,18 +213,18 @@ impl<B: Backend> Worker<B> {
             o.workload.clone(),
             Live { assignment_id: o.assignment_id, attempt: o.attempt, phase: o.phase, reason: o.reason.clone(), _slot: slot },
         );
-        self.stats.adopted.fetch_add(1, Ordering::Relaxed);
+        self.metrics.adopted.inc();
         true
     }
 
     async fn on_assignment(self: Arc<Self>, mut delivery: Delivery) -> Disposition {
         let envelope = &delivery.envelope;
         let Message::Assignment(assignment) = &envelope.message else {
-            self.stats.terminated_messages.fetch_add(1, Ordering::Relaxed);
+            self.metrics.terminated_messages.inc();
             return Disposition::Term(format!("expected an assignment, got {}", envelope.kind()));
         };
         if assignment.backend != self.settings.backend {
-            self.stats.terminated_messages.fetch_add(1, Ordering::Relaxed);
+            self.metrics.terminated_messages.inc();
             return Disposition::Term(format!("assignment for backend {} reached {}", assignment.backend, self.settings.backend));
         }
         let (id, attempt) = (envelope.assignment_id, envelope.attempt);
@@ -246,7 +255,10 @@ impl<B: Backend> Worker<B> {
             Ok(w) => w,
             Err(e) => return self.create_failed(id, attempt, &name, e).await,
         };
-        self.stats.created.fetch_add(1, Ordering::Relaxed);
+        self.metrics.created.inc();
+        if attempt == 1 {
+            self.metrics.dispatch_latency.observe(now_ms().saturating_sub(assignment.fetched_at) as f64 / 1000.0);
+        }
         {
             let slot = delivery.permit.take().unwrap_or_else(Permit::unlimited);
             if let Ok(mut live) = self.live.lock() {
@@ -301,10 +313,10 @@ impl<B: Backend> Worker<B> {
     }
 
     async fn create_failed(&self, id: AssignmentId, attempt: u32, name: &str, e: BackendError) -> Disposition {
-        self.stats.create_errors.fetch_add(1, Ordering::Relaxed);
+        self.metrics.create_errors.get_or_create(&ErrorLabels { kind: e.kind().to_owned() }).inc();
         match e {
             BackendError::Full { retry_after, .. } => {
-                self.stats.full_pauses.fetch_add(1, Ordering::Relaxed);
+                self.metrics.full_pauses.inc();
                 tracing::info!(assignment = %id, ?retry_after, "backend full; pausing pulls");
                 self.slots.pause_for(retry_after);
                 Disposition::Nak(Some(retry_after))
@@ -335,7 +347,7 @@ impl<B: Backend> Worker<B> {
     async fn on_command(self: Arc<Self>, delivery: Delivery) -> Disposition {
         let envelope = delivery.envelope;
         let Message::DeleteWorkload(DeleteWorkload { backend, workload, reason }) = envelope.message else {
-            self.stats.terminated_messages.fetch_add(1, Ordering::Relaxed);
+            self.metrics.terminated_messages.inc();
             return Disposition::Term(format!("unexpected command {}", envelope.kind()));
         };
         if backend != self.settings.backend {
@@ -343,7 +355,7 @@ impl<B: Backend> Worker<B> {
         }
         match self.backend.delete(&workload).await {
             Ok(()) => {
-                self.stats.deleted.fetch_add(1, Ordering::Relaxed);
+                self.metrics.deleted.inc();
                 tracing::info!(assignment = %envelope.assignment_id, %workload, %reason, "workload deleted");
                 let tracked = self.live.lock().map(|l| l.contains_key(&workload)).unwrap_or(false);
                 if !tracked {
@@ -400,7 +412,7 @@ impl<B: Backend> Worker<B> {
             let released = self.released(id, attempt, &o.workload);
             let subject = subject::event(&self.settings.backend, id, Kind::Released);
             if self.bus.publish_retrying(&subject, &released, shutdown).await.is_ok() {
-                self.stats.released.fetch_add(1, Ordering::Relaxed);
+                self.metrics.released.inc();
             }
             // Dropping `was_live` here frees the slot.
             drop(was_live);

@@ -4,9 +4,11 @@
 
 pub mod backend;
 mod core;
+pub mod metrics;
 pub mod slots;
 pub mod token;
 
 pub use backend::{Backend, BackendError, ObservedWorkload, WorkloadSpec, workload_name};
-pub use core::{Worker, WorkerError, WorkerSettings, WorkerStats, settings_from_config};
+pub use core::{Worker, WorkerError, WorkerSettings, settings_from_config};
+pub use metrics::WorkerMetrics;
 pub use token::{TokenKey, token_hash};

@@ -16,11 +16,15 @@ use kube::runtime::watcher::{self, Event};
 use serde_json::json;
 use tokio::sync::mpsc;
 
-use crate::template::{ExecutorObjects, LABEL_ASSIGNMENT, LABEL_ATTEMPT, PodTemplate, build_objects, owner_reference, selector};
+use crate::template::{
+    ExecutorObjects, LABEL_ASSIGNMENT, LABEL_ATTEMPT, PodTemplate, build_objects, owner_reference,
+    selector,
+};
 
 pub use status::{
-    REASON_CONFIG_ERROR, REASON_DEADLINE_EXCEEDED, REASON_EVICTED, REASON_IMAGE_PULL_FAILED, REASON_OOM_KILLED,
-    REASON_START_FAILED, REASON_UNSCHEDULABLE, Tracker, observe_pod, pod_phase, pod_reason,
+    REASON_CONFIG_ERROR, REASON_DEADLINE_EXCEEDED, REASON_EVICTED, REASON_IMAGE_PULL_FAILED,
+    REASON_OOM_KILLED, REASON_START_FAILED, REASON_UNSCHEDULABLE, Tracker, observe_pod, pod_phase,
+    pod_reason,
 };
 
 /// Runs executor Pods (and their token Secrets) in one namespace.
@@ -36,7 +40,9 @@ pub struct PodBackend {
 
 fn lock(tracker: &Mutex<Tracker>) -> MutexGuard<'_, Tracker> {
     // The tracker holds no invariant a panic could break halfway.
-    tracker.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    tracker
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn is_code(err: &kube::Error, code: u16) -> bool {
@@ -44,7 +50,12 @@ fn is_code(err: &kube::Error, code: u16) -> bool {
 }
 
 impl PodBackend {
-    pub fn new(client: kube::Client, namespace: impl Into<String>, backend: BackendName, template: PodTemplate) -> Self {
+    pub fn new(
+        client: kube::Client,
+        namespace: impl Into<String>,
+        backend: BackendName,
+        template: PodTemplate,
+    ) -> Self {
         let namespace = namespace.into();
         Self {
             pods: Api::namespaced(client.clone(), &namespace),
@@ -70,7 +81,10 @@ impl PodBackend {
         let block = self
             .template
             .runner_block(spec.provider.as_deref())
-            .map_err(|e| BackendError::Permanent { op: "build pod", message: e.to_string() })?;
+            .map_err(|e| BackendError::Permanent {
+                op: "build pod",
+                message: e.to_string(),
+            })?;
         Ok(build_objects(block, spec))
     }
 
@@ -82,9 +96,15 @@ impl PodBackend {
     /// is left alone (the Pod then waits in CreateContainerConfigError and the claim timeout
     /// handles it).
     async fn adopt_secret(&self, pod: &Pod) -> Result<(), BackendError> {
-        let Some(owner) = owner_reference(pod) else { return Ok(()) };
+        let Some(owner) = owner_reference(pod) else {
+            return Ok(());
+        };
         let patch = json!({ "metadata": { "ownerReferences": [owner] } });
-        match self.secrets.patch(&owner.name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+        match self
+            .secrets
+            .patch(&owner.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
             Ok(_) => Ok(()),
             Err(e) if is_code(&e, 404) => Ok(()),
             Err(e) => Err(self.error("adopt secret", e)),
@@ -93,7 +113,12 @@ impl PodBackend {
 
     fn is_owned_by(secret: &Secret, pod: &Pod) -> bool {
         let uid = pod.metadata.uid.as_deref();
-        secret.metadata.owner_references.iter().flatten().any(|r| Some(r.uid.as_str()) == uid)
+        secret
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|r| Some(r.uid.as_str()) == uid)
     }
 
     /// An existing Pod of this name: check it is this attempt's and make sure its Secret is owned.
@@ -111,7 +136,11 @@ impl PodBackend {
                 ),
             });
         }
-        let secret = self.secrets.get_opt(&spec.name()).await.map_err(|e| self.error("get secret", e))?;
+        let secret = self
+            .secrets
+            .get_opt(&spec.name())
+            .await
+            .map_err(|e| self.error("get secret", e))?;
         match secret {
             Some(secret) if Self::is_owned_by(&secret, pod) => Ok(()),
             Some(_) => self.adopt_secret(pod).await,
@@ -119,8 +148,16 @@ impl PodBackend {
         }
     }
 
-    async fn create_secret(&self, objects: &ExecutorObjects, name: &str) -> Result<(), BackendError> {
-        match self.secrets.create(&PostParams::default(), &objects.secret).await {
+    async fn create_secret(
+        &self,
+        objects: &ExecutorObjects,
+        name: &str,
+    ) -> Result<(), BackendError> {
+        match self
+            .secrets
+            .create(&PostParams::default(), &objects.secret)
+            .await
+        {
             Ok(_) => Ok(()),
             Err(e) if is_code(&e, 409) => {
                 // An earlier delivery created the Secret but not the Pod, so no executor has read
@@ -145,6 +182,20 @@ impl PodBackend {
     }
 }
 
+/// Builds the client `PodBackend` expects: kube's built-in retry layer is switched off.
+///
+/// kube 5 retries 429/503/504 by default up to 15 times with exponential backoff (5 ms doubling,
+/// capped at 1000 s): one call can block for minutes during an API outage. The worker core must get
+/// a [`BackendError::Transient`] promptly instead (NAK with delay, slot kept honest), and the
+/// watcher has its own backoff.
+pub fn client_from_config(mut config: kube::Config) -> Result<kube::Client, BackendError> {
+    config.default_retry = false;
+    kube::Client::try_from(config).map_err(|e| BackendError::Permanent {
+        op: "build kube client",
+        message: e.to_string(),
+    })
+}
+
 /// Maps a kube error to the worker core's retry classes.
 pub fn kube_error(op: &'static str, namespace: &str, err: kube::Error) -> BackendError {
     match &err {
@@ -166,11 +217,17 @@ pub fn kube_error(op: &'static str, namespace: &str, err: kube::Error) -> Backen
                 },
                 400 | 422 => BackendError::Permanent {
                     op,
-                    message: format!("the API server refused the request ({}): {}", status.reason, status.message),
+                    message: format!(
+                        "the API server refused the request ({}): {}",
+                        status.reason, status.message
+                    ),
                 },
                 404 => BackendError::Permanent {
                     op,
-                    message: format!("not found (does namespace {namespace} exist?): {}", status.message),
+                    message: format!(
+                        "not found (does namespace {namespace} exist?): {}",
+                        status.message
+                    ),
                 },
                 // 401: credentials are refreshed by the client; 409 Conflict: re-read and retry.
                 0 | 401 | 408 | 409 | 425 | 429 | 500..=599 => BackendError::Transient {
@@ -178,12 +235,22 @@ pub fn kube_error(op: &'static str, namespace: &str, err: kube::Error) -> Backen
                     message: format!("{} {}: {}", status.code, status.reason, status.message),
                     retry_after,
                 },
-                code => BackendError::Permanent { op, message: format!("{code} {}: {}", status.reason, status.message) },
+                code => BackendError::Permanent {
+                    op,
+                    message: format!("{code} {}: {}", status.reason, status.message),
+                },
             }
         }
-        kube::Error::BuildRequest(_) => BackendError::Permanent { op, message: err.to_string() },
+        kube::Error::BuildRequest(_) => BackendError::Permanent {
+            op,
+            message: err.to_string(),
+        },
         // Connection refused/reset, timeouts, TLS, unreadable bodies: the API server may be back soon.
-        _ => BackendError::Transient { op, message: err.to_string(), retry_after: None },
+        _ => BackendError::Transient {
+            op,
+            message: err.to_string(),
+            retry_after: None,
+        },
     }
 }
 
@@ -191,7 +258,12 @@ impl Backend for PodBackend {
     async fn create(&self, spec: &WorkloadSpec) -> Result<String, BackendError> {
         let objects = self.objects_for(spec)?;
         let name = spec.name();
-        if let Some(pod) = self.pods.get_opt(&name).await.map_err(|e| self.error("get pod", e))? {
+        if let Some(pod) = self
+            .pods
+            .get_opt(&name)
+            .await
+            .map_err(|e| self.error("get pod", e))?
+        {
             // Redelivery: the Pod exists (with the token of the delivery that created it).
             self.adopt_existing(&pod, spec).await?;
             return Ok(name);
@@ -200,7 +272,11 @@ impl Backend for PodBackend {
         let pod = match self.pods.create(&PostParams::default(), &objects.pod).await {
             Ok(pod) => pod,
             Err(e) if is_code(&e, 409) => {
-                let pod = self.pods.get(&name).await.map_err(|e| self.error("get pod", e))?;
+                let pod = self
+                    .pods
+                    .get(&name)
+                    .await
+                    .map_err(|e| self.error("get pod", e))?;
                 self.adopt_existing(&pod, spec).await?;
                 return Ok(name);
             }
@@ -219,14 +295,22 @@ impl Backend for PodBackend {
     }
 
     async fn delete(&self, workload: &str) -> Result<(), BackendError> {
-        match self.pods.delete(workload, &DeleteParams::background()).await {
+        match self
+            .pods
+            .delete(workload, &DeleteParams::background())
+            .await
+        {
             Ok(_) => {}
             Err(e) if is_code(&e, 404) => {}
             Err(e) => return Err(self.error("delete pod", e)),
         }
         // Normally garbage-collected with the Pod; deleting it here also covers a Secret whose
         // Pod was never created or never adopted it.
-        match self.secrets.delete(workload, &DeleteParams::background()).await {
+        match self
+            .secrets
+            .delete(workload, &DeleteParams::background())
+            .await
+        {
             Ok(_) => Ok(()),
             Err(e) if is_code(&e, 404) => Ok(()),
             Err(e) => Err(self.error("delete secret", e)),
@@ -239,18 +323,27 @@ impl Backend for PodBackend {
             .list(&ListParams::default().labels(&self.selector()))
             .await
             .map_err(|e| self.error("list pods", e))?;
-        let mut observed: Vec<ObservedWorkload> = pods.items.iter().filter_map(observe_pod).collect();
+        let mut observed: Vec<ObservedWorkload> =
+            pods.items.iter().filter_map(observe_pod).collect();
         let skipped = pods.items.len() - observed.len();
         if skipped > 0 {
-            tracing::warn!(skipped, "pods with the jetrunner selector but unreadable assignment/attempt labels");
+            tracing::warn!(
+                skipped,
+                "pods with the jetrunner selector but unreadable assignment/attempt labels"
+            );
         }
         observed.sort_by(|a, b| a.workload.cmp(&b.workload));
         Ok(observed)
     }
 
-    async fn observe(&self, tx: mpsc::Sender<ObservedWorkload>, shutdown: impl Future<Output = ()> + Send + 'static) {
+    async fn observe(
+        &self,
+        tx: mpsc::Sender<ObservedWorkload>,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) {
         let config = watcher::Config::default().labels(&self.selector());
-        let mut events = std::pin::pin!(watcher::watcher(self.pods.clone(), config).default_backoff());
+        let mut events =
+            std::pin::pin!(watcher::watcher(self.pods.clone(), config).default_backoff());
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
             let event = tokio::select! {
@@ -274,7 +367,9 @@ impl Backend for PodBackend {
                             tracker.begin_relist();
                             Vec::new()
                         }
-                        Event::InitApply(pod) | Event::Apply(pod) => tracker.apply(&pod).into_iter().collect(),
+                        Event::InitApply(pod) | Event::Apply(pod) => {
+                            tracker.apply(&pod).into_iter().collect()
+                        }
                         Event::InitDone => tracker.end_relist(),
                         Event::Delete(pod) => tracker.delete(&pod).into_iter().collect(),
                     }
@@ -287,5 +382,50 @@ impl Backend for PodBackend {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api_error(code: u16, reason: &str) -> kube::Error {
+        kube::Error::Api(
+            kube::core::Status::failure("refused", reason)
+                .with_code(code)
+                .boxed(),
+        )
+    }
+
+    #[test]
+    fn kube_errors_map_to_retry_classes() {
+        let kind = |code, reason| kube_error("create pod", "ci", api_error(code, reason)).kind();
+        assert_eq!(kind(500, "InternalError"), "transient");
+        assert_eq!(kind(503, "ServiceUnavailable"), "transient");
+        assert_eq!(kind(504, "Timeout"), "transient");
+        assert_eq!(kind(429, "TooManyRequests"), "transient");
+        assert_eq!(kind(409, "Conflict"), "transient");
+        assert_eq!(kind(422, "Invalid"), "permanent");
+        assert_eq!(kind(400, "BadRequest"), "permanent");
+        assert_eq!(kind(404, "NotFound"), "permanent");
+    }
+
+    #[test]
+    fn forbidden_is_permanent_and_says_what_to_fix() {
+        let err = kube_error("create pod", "ci", api_error(403, "Forbidden"));
+        let BackendError::Permanent { message, .. } = err else {
+            panic!("403 must be permanent: {err:?}")
+        };
+        assert!(message.contains("namespace ci"), "{message}");
+        assert!(message.contains("Role"), "{message}");
+    }
+
+    #[test]
+    fn connection_errors_are_transient() {
+        let io = kube::Error::ReadEvents(std::io::Error::new(
+            std::io::ErrorKind::ConnectionReset,
+            "reset",
+        ));
+        assert_eq!(kube_error("list pods", "ci", io).kind(), "transient");
     }
 }

@@ -46,26 +46,53 @@ pub fn pod_reason(pod: &Pod) -> Option<String> {
         .chain(status.container_statuses.iter().flatten())
         .collect();
     let terminated = |c: &&ContainerStatus| {
-        let now = c.state.as_ref().and_then(|s| s.terminated.as_ref()).and_then(|t| t.reason.clone());
-        let last = c.last_state.as_ref().and_then(|s| s.terminated.as_ref()).and_then(|t| t.reason.clone());
+        let now = c
+            .state
+            .as_ref()
+            .and_then(|s| s.terminated.as_ref())
+            .and_then(|t| t.reason.clone());
+        let last = c
+            .last_state
+            .as_ref()
+            .and_then(|s| s.terminated.as_ref())
+            .and_then(|t| t.reason.clone());
         [now, last].into_iter().flatten().collect::<Vec<_>>()
     };
-    let waiting = |c: &&ContainerStatus| c.state.as_ref().and_then(|s| s.waiting.as_ref()).and_then(|w| w.reason.clone());
-    if containers.iter().flat_map(terminated).any(|r| r == "OOMKilled") {
+    let waiting = |c: &&ContainerStatus| {
+        c.state
+            .as_ref()
+            .and_then(|s| s.waiting.as_ref())
+            .and_then(|w| w.reason.clone())
+    };
+    if containers
+        .iter()
+        .flat_map(terminated)
+        .any(|r| r == "OOMKilled")
+    {
         return Some(REASON_OOM_KILLED.into());
     }
     for reason in containers.iter().filter_map(waiting) {
         match reason.as_str() {
-            "ErrImagePull" | "ImagePullBackOff" | "InvalidImageName" => return Some(REASON_IMAGE_PULL_FAILED.into()),
-            "CreateContainerConfigError" | "CreateContainerError" => return Some(REASON_CONFIG_ERROR.into()),
+            "ErrImagePull" | "ImagePullBackOff" | "InvalidImageName" => {
+                return Some(REASON_IMAGE_PULL_FAILED.into());
+            }
+            "CreateContainerConfigError" | "CreateContainerError" => {
+                return Some(REASON_CONFIG_ERROR.into());
+            }
             _ => {}
         }
     }
-    if containers.iter().flat_map(terminated).any(|r| r == "StartError" || r == "ContainerCannotRun") {
+    if containers
+        .iter()
+        .flat_map(terminated)
+        .any(|r| r == "StartError" || r == "ContainerCannotRun")
+    {
         return Some(REASON_START_FAILED.into());
     }
     let unschedulable = status.conditions.iter().flatten().any(|c| {
-        c.type_ == "PodScheduled" && c.status == "False" && c.reason.as_deref() == Some("Unschedulable")
+        c.type_ == "PodScheduled"
+            && c.status == "False"
+            && c.reason.as_deref() == Some("Unschedulable")
     });
     unschedulable.then(|| REASON_UNSCHEDULABLE.into())
 }
@@ -104,8 +131,11 @@ impl Tracker {
         if let Some(seen) = &mut self.relisting {
             seen.insert(observed.workload.clone());
         }
-        let previous = self.known.insert(observed.workload.clone(), observed.clone());
-        let changed = previous.is_none_or(|p| p.phase != observed.phase || p.reason != observed.reason);
+        let previous = self
+            .known
+            .insert(observed.workload.clone(), observed.clone());
+        let changed =
+            previous.is_none_or(|p| p.phase != observed.phase || p.reason != observed.reason);
         changed.then_some(observed)
     }
 
@@ -114,17 +144,32 @@ impl Tracker {
         let name = pod.metadata.name.as_deref()?;
         let known = self.known.remove(name);
         let base = known.or_else(|| observe_pod(pod))?;
-        Some(ObservedWorkload { phase: WorkloadPhase::Gone, reason: None, ..base })
+        Some(ObservedWorkload {
+            phase: WorkloadPhase::Gone,
+            reason: None,
+            ..base
+        })
     }
 
     /// The (re)list is complete: every known Pod it did not contain is gone.
     pub fn end_relist(&mut self) -> Vec<ObservedWorkload> {
-        let Some(seen) = self.relisting.take() else { return Vec::new() };
-        let gone: Vec<String> = self.known.keys().filter(|name| !seen.contains(*name)).cloned().collect();
+        let Some(seen) = self.relisting.take() else {
+            return Vec::new();
+        };
+        let gone: Vec<String> = self
+            .known
+            .keys()
+            .filter(|name| !seen.contains(*name))
+            .cloned()
+            .collect();
         let mut observations: Vec<ObservedWorkload> = gone
             .into_iter()
             .filter_map(|name| self.known.remove(&name))
-            .map(|o| ObservedWorkload { phase: WorkloadPhase::Gone, reason: None, ..o })
+            .map(|o| ObservedWorkload {
+                phase: WorkloadPhase::Gone,
+                reason: None,
+                ..o
+            })
             .collect();
         observations.sort_by(|a, b| a.workload.cmp(&b.workload));
         observations
@@ -151,7 +196,10 @@ mod tests {
 
     #[test]
     fn reasons_are_derived_from_the_status() {
-        assert_eq!(reason(json!({"phase": "Failed", "reason": "Evicted"})).as_deref(), Some("evicted"));
+        assert_eq!(
+            reason(json!({"phase": "Failed", "reason": "Evicted"})).as_deref(),
+            Some("evicted")
+        );
         let oom = json!({"phase": "Failed", "containerStatuses": [{"name": "c", "image": "i", "imageID": "", "ready": false,
             "restartCount": 0, "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}]});
         assert_eq!(reason(oom).as_deref(), Some("oom-killed"));
@@ -178,21 +226,45 @@ mod tests {
     fn tracker_reports_changes_only_and_relists_find_deleted_pods() {
         let mut tracker = Tracker::default();
         tracker.begin_relist();
-        assert!(tracker.apply(&pod("a", json!({"phase": "Pending"}))).is_some());
-        assert!(tracker.apply(&pod("b", json!({"phase": "Running"}))).is_some());
+        assert!(
+            tracker
+                .apply(&pod("a", json!({"phase": "Pending"})))
+                .is_some()
+        );
+        assert!(
+            tracker
+                .apply(&pod("b", json!({"phase": "Running"})))
+                .is_some()
+        );
         assert!(tracker.end_relist().is_empty());
-        assert!(tracker.apply(&pod("a", json!({"phase": "Pending"}))).is_none(), "no change, no report");
-        let running = tracker.apply(&pod("a", json!({"phase": "Running"}))).expect("phase change");
+        assert!(
+            tracker
+                .apply(&pod("a", json!({"phase": "Pending"})))
+                .is_none(),
+            "no change, no report"
+        );
+        let running = tracker
+            .apply(&pod("a", json!({"phase": "Running"})))
+            .expect("phase change");
         assert_eq!(running.phase, WorkloadPhase::Running);
 
         // The watch restarts; `b` was deleted while nobody watched.
         tracker.begin_relist();
-        assert!(tracker.apply(&pod("a", json!({"phase": "Running"}))).is_none());
+        assert!(
+            tracker
+                .apply(&pod("a", json!({"phase": "Running"})))
+                .is_none()
+        );
         let gone = tracker.end_relist();
         assert_eq!(gone.len(), 1);
-        assert_eq!((gone[0].workload.as_str(), gone[0].phase), ("b", WorkloadPhase::Gone));
+        assert_eq!(
+            (gone[0].workload.as_str(), gone[0].phase),
+            ("b", WorkloadPhase::Gone)
+        );
 
-        let deleted = tracker.delete(&pod("a", json!({"phase": "Running"}))).expect("gone");
+        let deleted = tracker
+            .delete(&pod("a", json!({"phase": "Running"})))
+            .expect("gone");
         assert_eq!(deleted.phase, WorkloadPhase::Gone);
     }
 }

@@ -43,10 +43,18 @@ pub fn selector(backend: &BackendName) -> String {
 pub fn label_value(text: &str) -> String {
     let replaced: String = text
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') { c } else { '-' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '-'
+            }
+        })
         .take(63)
         .collect();
-    replaced.trim_matches(|c: char| !c.is_ascii_alphanumeric()).to_owned()
+    replaced
+        .trim_matches(|c: char| !c.is_ascii_alphanumeric())
+        .to_owned()
 }
 
 fn jetrunner_labels(spec: &WorkloadSpec) -> BTreeMap<String, String> {
@@ -56,16 +64,32 @@ fn jetrunner_labels(spec: &WorkloadSpec) -> BTreeMap<String, String> {
         (LABEL_ASSIGNMENT.to_owned(), spec.assignment_id.to_string()),
         (LABEL_ATTEMPT.to_owned(), spec.attempt.to_string()),
         (LABEL_BACKEND.to_owned(), spec.backend.to_string()),
-        (LABEL_WORKER.to_owned(), if worker.is_empty() { "unknown".to_owned() } else { worker }),
+        (
+            LABEL_WORKER.to_owned(),
+            if worker.is_empty() {
+                "unknown".to_owned()
+            } else {
+                worker
+            },
+        ),
     ]);
-    if let Some(provider) = spec.provider.as_deref().map(label_value).filter(|p| !p.is_empty()) {
+    if let Some(provider) = spec
+        .provider
+        .as_deref()
+        .map(label_value)
+        .filter(|p| !p.is_empty())
+    {
         labels.insert(LABEL_PROVIDER.to_owned(), provider);
     }
     labels
 }
 
 fn plain_env(name: &str, value: String) -> EnvVar {
-    EnvVar { name: name.to_owned(), value: Some(value), value_from: None }
+    EnvVar {
+        name: name.to_owned(),
+        value: Some(value),
+        value_from: None,
+    }
 }
 
 fn non_empty<T>(items: Vec<T>) -> Option<Vec<T>> {
@@ -119,7 +143,11 @@ pub fn build_objects(block: &RunnerBlock, spec: &WorkloadSpec) -> ExecutorObject
         metadata: ObjectMeta {
             name: Some(name.clone()),
             labels: Some(pod_labels),
-            annotations: if annotations.is_empty() { None } else { Some(annotations) },
+            annotations: if annotations.is_empty() {
+                None
+            } else {
+                Some(annotations)
+            },
             ..ObjectMeta::default()
         },
         spec: Some(PodSpec {
@@ -127,14 +155,26 @@ pub fn build_objects(block: &RunnerBlock, spec: &WorkloadSpec) -> ExecutorObject
             restart_policy: Some("Never".to_owned()),
             active_deadline_seconds: Some(deadline),
             runtime_class_name: block.runtime_class_name.clone(),
-            node_selector: if block.node_selector.is_empty() { None } else { Some(block.node_selector.clone()) },
+            node_selector: if block.node_selector.is_empty() {
+                None
+            } else {
+                Some(block.node_selector.clone())
+            },
             tolerations: non_empty(block.tolerations.clone()),
             service_account_name: block.service_account_name.clone(),
             // An executor gets API credentials only when a service account is asked for.
-            automount_service_account_token: if block.service_account_name.is_some() { None } else { Some(false) },
+            automount_service_account_token: if block.service_account_name.is_some() {
+                None
+            } else {
+                Some(false)
+            },
             security_context: block.pod_security_context.clone(),
             image_pull_secrets: non_empty(
-                block.image_pull_secrets.iter().map(|n| LocalObjectReference { name: n.clone() }).collect(),
+                block
+                    .image_pull_secrets
+                    .iter()
+                    .map(|n| LocalObjectReference { name: n.clone() })
+                    .collect(),
             ),
             enable_service_links: Some(false),
             ..PodSpec::default()
@@ -142,9 +182,16 @@ pub fn build_objects(block: &RunnerBlock, spec: &WorkloadSpec) -> ExecutorObject
         status: None,
     };
     let secret = Secret {
-        metadata: ObjectMeta { name: Some(name), labels: Some(labels), ..ObjectMeta::default() },
+        metadata: ObjectMeta {
+            name: Some(name),
+            labels: Some(labels),
+            ..ObjectMeta::default()
+        },
         type_: Some("Opaque".to_owned()),
-        data: Some(BTreeMap::from([(TOKEN_KEY.to_owned(), ByteString(spec.executor_token.as_bytes().to_vec()))])),
+        data: Some(BTreeMap::from([(
+            TOKEN_KEY.to_owned(),
+            ByteString(spec.executor_token.as_bytes().to_vec()),
+        )])),
         ..Secret::default()
     };
     ExecutorObjects { pod, secret }

@@ -1,0 +1,374 @@
+//! The HTTP face of the fake API server (axum).
+
+use std::collections::{HashMap, VecDeque};
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde_json::{Value, json};
+use tokio::sync::watch;
+
+use crate::Shared;
+use crate::store::{ApiError, LabelSelector, Resource};
+
+type Params = Query<HashMap<String, String>>;
+
+pub(crate) fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route(
+            "/api/v1/namespaces/{ns}/{resource}",
+            get(list_namespaced).post(create),
+        )
+        .route(
+            "/api/v1/namespaces/{ns}/{resource}/{name}",
+            get(get_one).put(replace).patch(patch).delete(delete),
+        )
+        .route("/api/v1/{resource}", get(list_all))
+        .fallback(|| async {
+            reply_error(&ApiError::new(
+                404,
+                "NotFound",
+                "the server could not find the requested resource",
+            ))
+        })
+        .layer(middleware::from_fn_with_state(shared.clone(), outage_guard))
+        .with_state(shared)
+}
+
+async fn outage_guard(State(shared): State<Arc<Shared>>, request: Request, next: Next) -> Response {
+    if shared.is_unavailable() {
+        shared.count_rejected();
+        return reply_error(&ApiError::unavailable());
+    }
+    next.run(request).await
+}
+
+fn reply(code: StatusCode, body: &Value) -> Response {
+    (
+        code,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+fn reply_error(error: &ApiError) -> Response {
+    let code = StatusCode::from_u16(error.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    reply(code, &error.status_json())
+}
+
+fn respond(result: Result<Value, ApiError>, ok: StatusCode) -> Response {
+    match result {
+        Ok(object) => reply(ok, &object),
+        Err(error) => reply_error(&error),
+    }
+}
+
+fn resource(segment: &str) -> Result<Resource, ApiError> {
+    Resource::from_path(segment).ok_or_else(|| {
+        ApiError::new(
+            404,
+            "NotFound",
+            format!("the fake API server does not serve resource {segment:?}"),
+        )
+    })
+}
+
+fn parse_body(body: &Bytes) -> Result<Value, ApiError> {
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
+}
+
+async fn create(
+    State(shared): State<Arc<Shared>>,
+    Path((ns, res)): Path<(String, String)>,
+    body: Bytes,
+) -> Response {
+    let result = resource(&res).and_then(|r| shared.create(r, &ns, parse_body(&body)?));
+    respond(result, StatusCode::CREATED)
+}
+
+async fn get_one(
+    State(shared): State<Arc<Shared>>,
+    Path((ns, res, name)): Path<(String, String, String)>,
+) -> Response {
+    let result = resource(&res).and_then(|r| shared.with_store(|s| s.get(r, &ns, &name)));
+    respond(result, StatusCode::OK)
+}
+
+async fn replace(
+    State(shared): State<Arc<Shared>>,
+    Path((ns, res, name)): Path<(String, String, String)>,
+    body: Bytes,
+) -> Response {
+    let result = resource(&res).and_then(|r| {
+        let object = parse_body(&body)?;
+        shared.with_store(|s| s.replace(r, &ns, &name, object))
+    });
+    respond(result, StatusCode::OK)
+}
+
+async fn patch(
+    State(shared): State<Arc<Shared>>,
+    Path((ns, res, name)): Path<(String, String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    if !matches!(
+        content_type,
+        "application/merge-patch+json" | "application/strategic-merge-patch+json"
+    ) {
+        let error = ApiError::new(
+            415,
+            "UnsupportedMediaType",
+            format!("the fake API server only supports merge patches, not {content_type:?}"),
+        );
+        return reply_error(&error);
+    }
+    let result = resource(&res).and_then(|r| {
+        let patch = parse_body(&body)?;
+        shared.with_store(|s| s.patch(r, &ns, &name, &patch))
+    });
+    respond(result, StatusCode::OK)
+}
+
+async fn delete(
+    State(shared): State<Arc<Shared>>,
+    Path((ns, res, name)): Path<(String, String, String)>,
+) -> Response {
+    let result = resource(&res).and_then(|r| shared.delete(r, &ns, &name));
+    respond(result, StatusCode::OK)
+}
+
+async fn list_namespaced(
+    State(shared): State<Arc<Shared>>,
+    Path((ns, res)): Path<(String, String)>,
+    Query(params): Params,
+) -> Response {
+    list_or_watch(shared, &res, Some(ns), &params)
+}
+
+async fn list_all(
+    State(shared): State<Arc<Shared>>,
+    Path(res): Path<String>,
+    Query(params): Params,
+) -> Response {
+    list_or_watch(shared, &res, None, &params)
+}
+
+fn list_or_watch(
+    shared: Arc<Shared>,
+    res: &str,
+    namespace: Option<String>,
+    params: &HashMap<String, String>,
+) -> Response {
+    let resource = match resource(res) {
+        Ok(r) => r,
+        Err(e) => return reply_error(&e),
+    };
+    if params.get("fieldSelector").is_some_and(|f| !f.is_empty()) {
+        return reply_error(&ApiError::bad_request(
+            "the fake API server does not support fieldSelector",
+        ));
+    }
+    let selector =
+        match LabelSelector::parse(params.get("labelSelector").map_or("", String::as_str)) {
+            Ok(s) => s,
+            Err(e) => return reply_error(&e),
+        };
+    if params.get("watch").is_some_and(|w| w == "true" || w == "1") {
+        let since = match params.get("resourceVersion").map(|v| v.parse::<u64>()) {
+            None => None,
+            Some(Ok(0)) => None,
+            Some(Ok(v)) => Some(v),
+            Some(Err(_)) => {
+                return reply_error(&ApiError::bad_request("resourceVersion must be a number"));
+            }
+        };
+        let timeout = params
+            .get("timeoutSeconds")
+            .and_then(|t| t.parse::<u64>().ok())
+            .map_or(Duration::from_secs(1800), Duration::from_secs);
+        let bookmarks = params
+            .get("allowWatchBookmarks")
+            .is_some_and(|b| b == "true");
+        let filter = WatchFilter {
+            resource,
+            namespace,
+            selector,
+        };
+        return watch_response(shared, filter, since, timeout, bookmarks);
+    }
+    let (items, rv) = shared.with_store(|s| {
+        (
+            s.list(resource, namespace.as_deref(), &selector),
+            s.resource_version(),
+        )
+    });
+    let list = json!({
+        "kind": format!("{}List", resource.kind()),
+        "apiVersion": "v1",
+        "metadata": { "resourceVersion": rv.to_string() },
+        "items": items,
+    });
+    reply(StatusCode::OK, &list)
+}
+
+struct WatchFilter {
+    resource: Resource,
+    namespace: Option<String>,
+    selector: LabelSelector,
+}
+
+impl WatchFilter {
+    fn matches(&self, resource: Resource, namespace: &str, object: &Value) -> bool {
+        resource == self.resource
+            && self.namespace.as_deref().is_none_or(|ns| ns == namespace)
+            && self.selector.matches(object)
+    }
+}
+
+fn event_line(event_type: &str, object: &Value) -> Bytes {
+    let mut line = json!({ "type": event_type, "object": object }).to_string();
+    line.push('\n');
+    Bytes::from(line)
+}
+
+struct WatchStream {
+    shared: Arc<Shared>,
+    filter: WatchFilter,
+    cursor: u64,
+    pending: VecDeque<Bytes>,
+    changed: watch::Receiver<u64>,
+    unavailable: watch::Receiver<bool>,
+    deadline: tokio::time::Instant,
+    bookmarks: bool,
+}
+
+/// How often an idle watch with `allowWatchBookmarks=true` gets a BOOKMARK.
+const BOOKMARK_EVERY: Duration = Duration::from_secs(2);
+
+impl WatchStream {
+    /// Queues every matching event after the cursor and moves the cursor to the newest version.
+    fn collect(&mut self) {
+        let filter = &self.filter;
+        let (lines, rv) = self.shared.with_store(|s| {
+            let lines: Vec<Bytes> = s
+                .events_after(self.cursor)
+                .iter()
+                .filter(|e| filter.matches(e.resource, &e.namespace, &e.object))
+                .map(|e| event_line(e.event_type.as_str(), &e.object))
+                .collect();
+            (lines, s.resource_version())
+        });
+        self.pending.extend(lines);
+        self.cursor = rv;
+    }
+
+    fn bookmark(&self) -> Bytes {
+        let object = json!({
+            "kind": self.filter.resource.kind(),
+            "apiVersion": "v1",
+            "metadata": { "resourceVersion": self.cursor.to_string() },
+        });
+        event_line("BOOKMARK", &object)
+    }
+
+    async fn next_line(&mut self) -> Option<Bytes> {
+        loop {
+            if *self.unavailable.borrow_and_update() {
+                return None;
+            }
+            if let Some(line) = self.pending.pop_front() {
+                return Some(line);
+            }
+            tokio::select! {
+                () = tokio::time::sleep_until(self.deadline) => return None,
+                changed = self.changed.changed() => {
+                    if changed.is_err() {
+                        return None;
+                    }
+                    self.collect();
+                }
+                changed = self.unavailable.changed() => {
+                    if changed.is_err() {
+                        return None;
+                    }
+                }
+                () = tokio::time::sleep(BOOKMARK_EVERY), if self.bookmarks => {
+                    let bookmark = self.bookmark();
+                    self.pending.push_back(bookmark);
+                }
+            }
+        }
+    }
+}
+
+fn watch_response(
+    shared: Arc<Shared>,
+    filter: WatchFilter,
+    since: Option<u64>,
+    timeout: Duration,
+    bookmarks: bool,
+) -> Response {
+    // Subscribe before reading the store so no change between the two is missed.
+    let changed = shared.changed.subscribe();
+    let unavailable = shared.unavailable.subscribe();
+    let mut stream = WatchStream {
+        cursor: 0,
+        pending: VecDeque::new(),
+        changed,
+        unavailable,
+        deadline: tokio::time::Instant::now() + timeout,
+        bookmarks,
+        filter,
+        shared: shared.clone(),
+    };
+    match since {
+        Some(rv) => {
+            stream.cursor = rv;
+            stream.collect();
+        }
+        None => {
+            // No version: synthetic ADDED events for what exists now, then changes.
+            let filter = &stream.filter;
+            let (lines, rv) = shared.with_store(|s| {
+                let objects = s.list(
+                    filter.resource,
+                    filter.namespace.as_deref(),
+                    &filter.selector,
+                );
+                let lines: Vec<Bytes> = objects.iter().map(|o| event_line("ADDED", o)).collect();
+                (lines, s.resource_version())
+            });
+            stream.pending.extend(lines);
+            stream.cursor = rv;
+        }
+    }
+    let body = futures::stream::unfold(stream, |mut stream| async move {
+        let line = stream.next_line().await?;
+        Some((Ok::<_, Infallible>(line), stream))
+    });
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from_stream(body))
+        .unwrap_or_else(|_| {
+            reply_error(&ApiError::new(
+                500,
+                "InternalError",
+                "building the watch response failed",
+            ))
+        })
+}

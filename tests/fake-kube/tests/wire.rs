@@ -1,0 +1,151 @@
+//! The fake API server's HTTP behaviour, checked on the wire.
+
+use std::time::Duration;
+
+use jr_fake_kube::{FakeKube, SimConfig};
+use serde_json::{Value, json};
+
+fn http() -> reqwest::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::new()
+}
+
+fn pod(name: &str) -> Value {
+    json!({"metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "jetrunner", "team": "a"}},
+           "spec": {"containers": [{"name": "c", "image": "x"}]}})
+}
+
+#[tokio::test]
+async fn create_conflict_and_missing_objects_answer_with_status_bodies() {
+    let kube = FakeKube::start(SimConfig::passive())
+        .await
+        .expect("fake kube");
+    let http = http();
+    let pods = format!("{}/api/v1/namespaces/ns/pods", kube.url());
+    let created = http
+        .post(&pods)
+        .json(&pod("p1"))
+        .send()
+        .await
+        .expect("create");
+    assert_eq!(created.status(), 201);
+    let again = http
+        .post(&pods)
+        .json(&pod("p1"))
+        .send()
+        .await
+        .expect("create again");
+    assert_eq!(again.status(), 409);
+    let status: Value = again.json().await.expect("status body");
+    assert_eq!(
+        (status["kind"].as_str(), status["reason"].as_str()),
+        (Some("Status"), Some("AlreadyExists"))
+    );
+
+    let missing = http
+        .delete(format!("{pods}/nope"))
+        .send()
+        .await
+        .expect("delete");
+    assert_eq!(missing.status(), 404);
+    let status: Value = missing.json().await.expect("status body");
+    assert_eq!(status["reason"], "NotFound");
+
+    kube.set_unavailable(true);
+    let down = http.get(&pods).send().await.expect("list during outage");
+    assert_eq!(down.status(), 503);
+    kube.set_unavailable(false);
+
+    let deleted = http
+        .delete(format!("{pods}/p1"))
+        .send()
+        .await
+        .expect("delete");
+    assert_eq!(deleted.status(), 200);
+    let records = kube.records();
+    assert_eq!(
+        (records.created.len(), records.live, records.max_live),
+        (1, 0, 1)
+    );
+}
+
+#[tokio::test]
+async fn list_filters_by_label_selector_and_reports_the_resource_version() {
+    let kube = FakeKube::start(SimConfig::passive())
+        .await
+        .expect("fake kube");
+    kube.create_pod("ns", pod("a")).expect("a");
+    kube.create_pod("ns", json!({"metadata": {"name": "b", "labels": {"team": "b"}}, "spec": {"containers": [{"name": "c"}]}}))
+        .expect("b");
+    kube.create_pod("other", pod("c")).expect("c");
+    let list: Value = http()
+        .get(format!("{}/api/v1/namespaces/ns/pods?labelSelector=team%3Da,app.kubernetes.io/managed-by%3Djetrunner", kube.url()))
+        .send()
+        .await
+        .expect("list")
+        .json()
+        .await
+        .expect("list body");
+    let names: Vec<&str> = list["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .filter_map(|p| p["metadata"]["name"].as_str())
+        .collect();
+    assert_eq!(names, vec!["a"]);
+    assert_eq!(
+        list["metadata"]["resourceVersion"],
+        json!(kube.resource_version().to_string())
+    );
+}
+
+#[tokio::test]
+async fn watch_replays_events_after_the_given_version_and_ends_at_its_timeout() {
+    let kube = FakeKube::start(SimConfig::passive())
+        .await
+        .expect("fake kube");
+    kube.create_pod("ns", pod("early")).expect("early");
+    let since = kube.resource_version();
+    kube.create_pod("ns", pod("late")).expect("late");
+    kube.mark_running("ns", "late").expect("running");
+    kube.delete_pod("ns", "early").expect("delete");
+
+    let url = format!(
+        "{}/api/v1/namespaces/ns/pods?watch=true&resourceVersion={since}&timeoutSeconds=1",
+        kube.url()
+    );
+    let body = tokio::time::timeout(Duration::from_secs(10), async {
+        http()
+            .get(url)
+            .send()
+            .await
+            .expect("watch")
+            .text()
+            .await
+            .expect("watch body")
+    })
+    .await
+    .expect("the watch ends after timeoutSeconds");
+    let events: Vec<(String, String)> = body
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).expect("one JSON event per line"))
+        .map(|e| {
+            (
+                e["type"].as_str().unwrap_or_default().to_owned(),
+                e["object"]["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+            )
+        })
+        .collect();
+    let expected = [
+        ("ADDED", "late"),
+        ("MODIFIED", "late"),
+        ("DELETED", "early"),
+    ];
+    assert_eq!(
+        events,
+        expected.map(|(t, n)| (t.to_owned(), n.to_owned())).to_vec()
+    );
+}
