@@ -37,8 +37,5 @@ pub async fn run(p: Process) -> anyhow::Result<()> {
     let worker = Worker::new(p.bus, backend, settings);
     worker.metrics.register(&mut p.metrics.registry());
     let readiness = p.readiness.clone();
-    let watcher = worker.spawn_reporter(move |ready| readiness.set("worker", ready), p.shutdown.token());
-    let result = worker.run(p.shutdown.token()).await;
-    watcher.abort();
-    result.map_err(Into::into)
+    worker.run(move |ready| readiness.set("worker", ready), p.shutdown.token()).await.map_err(Into::into)
 }

@@ -2,6 +2,12 @@
 //! with an ordered consumer that starts right after the stream's checkpoint in the projection,
 //! and applies what it reads in batches, one transaction per batch (checkpoint included), so a
 //! crash or a Postgres outage never skips or doubles anything.
+//!
+//! It never trusts its own idea of how far the projection got: before each batch (and whenever
+//! it is idle) it compares the stored checkpoint with the last one it committed. A Postgres that
+//! lost acknowledged commits (crash with `synchronous_commit = off`, failover to an asynchronous
+//! replica, restore from backup) shows a lower checkpoint; the projector then starts again from
+//! the stored checkpoint instead of applying the next batch over a gap.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -38,10 +44,14 @@ pub async fn run(
 ) {
     let mut delay = Duration::from_millis(200);
     while !shutdown.is_cancelled() {
+        let started = std::time::Instant::now();
         match project(&bus, &store, stream, max_batch, &state, &applied, &shutdown).await {
             Ok(()) => return,
             Err(e) => {
                 state.caught_up.store(false, Ordering::Release);
+                if started.elapsed() > Duration::from_secs(30) {
+                    delay = Duration::from_millis(200);
+                }
                 tracing::warn!(stream, error = %e, retry_in = ?delay, "projector interrupted; resuming from the checkpoint");
             }
         }
@@ -82,6 +92,8 @@ async fn project(
 ) -> anyhow::Result<()> {
     let Some(checkpoint) = checkpoint_with_retry(store, stream, state, shutdown).await else { return Ok(()) };
     state.checkpoint.store(checkpoint, Ordering::Release);
+    // The last checkpoint this run committed (or found): what the store must still say.
+    let mut expected = checkpoint;
     let js = bus.jetstream();
     let handle = js.get_stream(stream).await?;
     let consumer = handle
@@ -100,7 +112,18 @@ async fn project(
         };
         let mut next = match first {
             Err(_elapsed) => {
-                state.caught_up.store(true, Ordering::Release);
+                // Idle: caught up, provided the store still has everything we committed.
+                match store.checkpoint(stream).await {
+                    Ok(stored) => {
+                        check_continuity(stream, stored, expected)?;
+                        state.caught_up.store(true, Ordering::Release);
+                    }
+                    Err(e) => {
+                        state.store_errors.fetch_add(1, Ordering::Relaxed);
+                        state.caught_up.store(false, Ordering::Release);
+                        tracing::warn!(stream, error = %e, "cannot read checkpoint");
+                    }
+                }
                 continue;
             }
             Ok(None) => anyhow::bail!("ordered consumer ended"),
@@ -129,8 +152,17 @@ async fn project(
         }
         let mut delay = Duration::from_millis(100);
         loop {
-            match store.apply_batch(stream, &batch).await {
+            // The batch continues the stored checkpoint only if the store kept every commit.
+            let result = match store.checkpoint(stream).await {
+                Ok(stored) => {
+                    check_continuity(stream, stored, expected)?;
+                    store.apply_batch(stream, &batch).await
+                }
+                Err(e) => Err(e),
+            };
+            match result {
                 Ok(stats) => {
+                    expected = stats.checkpoint;
                     state.applied.fetch_add(stats.applied as u64, Ordering::Relaxed);
                     state.checkpoint.store(stats.checkpoint, Ordering::Release);
                     break;
@@ -149,6 +181,18 @@ async fn project(
         }
         applied.notify_one();
     }
+}
+
+/// `Err` (restart from the stored checkpoint) unless the store's checkpoint is the one this run
+/// last committed: lower means Postgres lost acknowledged commits, higher means another writer.
+fn check_continuity(stream: &str, stored: u64, expected: u64) -> anyhow::Result<()> {
+    if stored != expected {
+        anyhow::bail!(
+            "{stream}: stored checkpoint is {stored}, this projector committed up to {expected} \
+             (the database lost commits or another projector writes); replaying from {stored}"
+        );
+    }
+    Ok(())
 }
 
 use futures::FutureExt as _;

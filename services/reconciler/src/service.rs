@@ -9,6 +9,7 @@ use anyhow::Context as _;
 use jr_protocol::{STREAM_ASSIGNMENTS, STREAM_EVENTS};
 use jr_service::Process;
 use jr_store::Store;
+use jr_telemetry::TaskSet;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -64,11 +65,13 @@ pub async fn run(p: Process) -> anyhow::Result<()> {
     let applied = Arc::new(Notify::new());
     let states: Vec<(&'static str, Arc<ProjectorState>)> =
         [STREAM_ASSIGNMENTS, STREAM_EVENTS].into_iter().map(|s| (s, Arc::new(ProjectorState::default()))).collect();
-    let mut tasks = Vec::new();
+    let mut tasks = TaskSet::new(p.shutdown.clone());
     for (stream, state) in &states {
         let (bus, store, state, applied, stop) = (p.bus.clone(), store.clone(), state.clone(), applied.clone(), shutdown.clone());
         let (stream, max_batch) = (*stream, cfg.max_batch);
-        tasks.push(tokio::spawn(async move { projector::run(bus, store, stream, max_batch, state, applied, stop).await }));
+        tasks.spawn(format!("projector {stream}"), async move {
+            projector::run(bus, store, stream, max_batch, state, applied, stop).await
+        });
     }
 
     let status = Arc::new(StatusState {
@@ -79,12 +82,12 @@ pub async fn run(p: Process) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(cfg.status_listen)
         .await
         .with_context(|| format!("binding reconciler.status_listen {}", cfg.status_listen))?;
-    let status_task = {
+    {
         let stop = shutdown.clone();
-        tokio::spawn(async move {
+        tasks.spawn("status api", async move {
             axum::serve(listener, router(status)).with_graceful_shutdown(async move { stop.cancelled().await }).await
-        })
-    };
+        });
+    }
 
     let metrics = Arc::new(ReconcilerMetrics::default());
     metrics.register(&mut p.metrics.registry(), states.clone());
@@ -111,10 +114,8 @@ pub async fn run(p: Process) -> anyhow::Result<()> {
             _ = applied.notified() => {}
         }
     }
-    for task in tasks {
-        let _ = task.await;
-    }
-    let _ = status_task.await;
+    let report = tasks.join_all(Duration::from_secs(15)).await;
+    anyhow::ensure!(report.is_clean(), "reconciler tasks failed: {:?} unfinished: {:?}", report.failed, report.unfinished);
     Ok(())
 }
 

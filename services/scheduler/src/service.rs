@@ -6,6 +6,7 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use jr_bus::{Bus, ConsumerOptions, ConsumerSpec, Topology};
 use jr_config::Config;
+use jr_telemetry::{Shutdown, TaskSet};
 use tokio_util::sync::CancellationToken;
 
 use crate::facade::{Facade, FacadeSettings, TlsSettings, serve};
@@ -104,13 +105,14 @@ pub async fn run(
         .with_context(|| format!("binding facade.listen {}", config.facade.listen))?;
     tracing::info!(listen = %config.facade.listen, fetchers, "scheduler running");
 
-    let facade_task = {
+    let mut tasks = TaskSet::new(Shutdown::from(shutdown.clone()));
+    {
         let (f, stop) = (facade.clone(), shutdown.clone());
-        tokio::spawn(async move { serve(listener, f, tls, async move { stop.cancelled().await }).await })
-    };
-    let commands_task = {
+        tasks.spawn("facade", async move { serve(listener, f, tls, async move { stop.cancelled().await }).await });
+    }
+    {
         let (b, forge, stop) = (bus.clone(), forge.clone(), shutdown.clone());
-        tokio::spawn(async move {
+        tasks.spawn("fail-task consumer", async move {
             let handler_bus = b.clone();
             b.run_consumer(
                 &commands,
@@ -122,18 +124,14 @@ pub async fn run(
                 stop,
             )
             .await
-        })
-    };
+        });
+    }
     ready("facade", true);
     let pacing = Pacing { poll_interval: config.forge.poll_interval, max_backoff: config.forge.max_backoff };
     let fetched = run_fetchers(fetchers, dispatcher, pacing, shutdown.clone()).await;
     shutdown.cancel();
-    let facade_result = facade_task.await;
-    let _ = commands_task.await;
+    let report = tasks.join_all(std::time::Duration::from_secs(15)).await;
     fetched?;
-    match facade_result {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(e.into()),
-        Err(e) => Err(anyhow::anyhow!("facade task failed: {e}")),
-    }
+    anyhow::ensure!(report.is_clean(), "scheduler tasks failed: {:?} unfinished: {:?}", report.failed, report.unfinished);
+    Ok(())
 }

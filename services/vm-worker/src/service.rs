@@ -1,6 +1,5 @@
 //! The vm-worker process: the shared worker core over OpenSandbox.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -18,27 +17,15 @@ pub async fn run(p: Process) -> anyhow::Result<()> {
         .as_ref()
         .with_context(|| format!("backend.{}.opensandbox is required for vm-worker", settings.backend))?;
     let api_key = jr_config::read_secret("opensandbox.api_key", &os.api_key, &os.api_key_file)?;
-    let client = SandboxClient::new(ClientConfig::new(os.url.clone(), api_key)).context("OpenSandbox client")?;
+    let mut client_cfg = ClientConfig::new(os.url.clone(), api_key);
+    client_cfg.create_timeout = os.create_timeout;
+    let client = SandboxClient::new(client_cfg).context("OpenSandbox client")?;
     let mut vm = VmBackendConfig::new(settings.backend.clone(), settings.worker_id.clone());
     vm.pool = os.pool.clone();
     vm.poll.steady = os.poll_interval.max(Duration::from_millis(200));
     let backend = VmBackend::new(client, vm);
     let worker = Worker::new(p.bus, backend, settings);
+    worker.metrics.register(&mut p.metrics.registry());
     let readiness = p.readiness.clone();
-    let watcher = {
-        let w: Arc<Worker<VmBackend>> = worker.clone();
-        let stop = p.shutdown.token();
-        tokio::spawn(async move {
-            while !stop.is_cancelled() {
-                readiness.set("worker", w.is_ready());
-                tokio::select! {
-                    _ = stop.cancelled() => break,
-                    _ = tokio::time::sleep(Duration::from_millis(200)) => {}
-                }
-            }
-        })
-    };
-    let result = worker.run(p.shutdown.token()).await;
-    watcher.abort();
-    result.map_err(Into::into)
+    worker.run(move |ready| readiness.set("worker", ready), p.shutdown.token()).await.map_err(Into::into)
 }

@@ -208,6 +208,15 @@ pub struct OpenSandboxConfig {
     pub pool: String,
     #[serde(default = "two_s", with = "humantime_serde")]
     pub poll_interval: Duration,
+    /// Client-side timeout of one create call, which blocks until the sandbox is `Running`. Must
+    /// exceed the server's `sandbox_create_timeout_seconds` + `pool_acquisition_timeout_seconds`
+    /// (60 s + 30 s by default); on expiry the worker looks the sandbox up by its metadata.
+    #[serde(default = "default_sandbox_create_timeout", with = "humantime_serde")]
+    pub create_timeout: Duration,
+}
+
+fn default_sandbox_create_timeout() -> Duration {
+    Duration::from_secs(120)
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -270,6 +279,10 @@ pub struct ReconcilerConfig {
     pub lost_timeout: Duration,
     #[serde(default = "default_unreachable_hold", with = "humantime_serde")]
     pub unreachable_hold: Duration,
+    /// How long a workload of an assignment jetrunner does not know may live before it is
+    /// deleted as an orphan.
+    #[serde(default = "default_orphan_grace", with = "humantime_serde")]
+    pub orphan_grace: Duration,
     #[serde(default = "default_max_attempts")]
     pub max_attempts: u32,
     #[serde(default = "default_plan_interval", with = "humantime_serde")]
@@ -287,6 +300,7 @@ impl Default for ReconcilerConfig {
             terminal_grace: default_terminal_grace(),
             lost_timeout: default_lost_timeout(),
             unreachable_hold: default_unreachable_hold(),
+            orphan_grace: default_orphan_grace(),
             max_attempts: default_max_attempts(),
             plan_interval: default_plan_interval(),
             max_batch: default_batch(),
@@ -390,6 +404,9 @@ fn default_lost_timeout() -> Duration {
 }
 fn default_unreachable_hold() -> Duration {
     Duration::from_secs(300)
+}
+fn default_orphan_grace() -> Duration {
+    Duration::from_secs(120)
 }
 fn default_max_attempts() -> u32 {
     3

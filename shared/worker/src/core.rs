@@ -11,6 +11,7 @@ use jr_protocol::{
     WorkloadCreated, WorkloadObserved, WorkloadPhase, WorkloadRequested, subject,
 };
 use tokio::sync::mpsc;
+use jr_telemetry::{Shutdown, TaskSet};
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::{Backend, BackendError, ObservedWorkload, WorkloadSpec};
@@ -80,56 +81,52 @@ impl<B: Backend> Worker<B> {
         self.ready.load(Ordering::Acquire)
     }
 
-    /// Keeps the slot gauges and the readiness flag (`report(ready)`) current until shutdown.
-    pub fn spawn_reporter(
-        self: &Arc<Self>,
-        report: impl Fn(bool) + Send + 'static,
-        shutdown: CancellationToken,
-    ) -> tokio::task::JoinHandle<()> {
-        let me = self.clone();
-        me.metrics.slots_total.set(me.settings.capacity as i64);
-        tokio::spawn(async move {
-            loop {
-                me.metrics.slots_used.set(me.slots.used().min(me.settings.capacity) as i64);
-                report(me.is_ready());
-                tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    _ = tokio::time::sleep(Duration::from_millis(250)) => {}
-                }
-            }
-        })
-    }
-
     pub fn topology(backend: &BackendName) -> (ConsumerSpec, ConsumerSpec) {
         (ConsumerSpec::worker_assignments(backend), ConsumerSpec::worker_commands(backend))
     }
 
     /// Runs until `shutdown`: recovery, then assignments, commands, observation and resync.
-    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) -> Result<(), WorkerError> {
+    /// `report(ready)` is called every 250 ms (readiness endpoint); the slot gauges follow too.
+    pub async fn run(self: Arc<Self>, report: impl Fn(bool) + Send + 'static, shutdown: CancellationToken) -> Result<(), WorkerError> {
         let (assignments, commands) = Self::topology(&self.settings.backend);
+        self.metrics.slots_total.set(self.settings.capacity as i64);
+        let mut tasks = TaskSet::new(Shutdown::from(shutdown.clone()));
+        {
+            let (me, stop) = (self.clone(), shutdown.clone());
+            tasks.spawn("reporter", async move {
+                loop {
+                    me.metrics.slots_used.set(me.slots.used().min(me.settings.capacity) as i64);
+                    report(me.is_ready());
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+                    }
+                }
+            });
+        }
         self.bus.ensure_topology(&Topology::new().consumer(assignments.clone()).consumer(commands.clone())).await?;
         self.recover(&shutdown).await;
 
         let (tx, mut rx) = mpsc::channel::<ObservedWorkload>(1024);
-        let observer = {
+        {
             let (me, stop) = (self.clone(), shutdown.clone());
-            tokio::spawn(async move { me.backend.observe(tx, async move { stop.cancelled().await }).await })
-        };
-        let observations = {
+            tasks.spawn("observer", async move { me.backend.observe(tx, async move { stop.cancelled().await }).await });
+        }
+        {
             let (me, stop) = (self.clone(), shutdown.clone());
-            tokio::spawn(async move {
+            tasks.spawn("observations", async move {
                 while let Some(o) = rx.recv().await {
                     me.on_observed(o, &stop).await;
                 }
-            })
-        };
-        let resync = {
+            });
+        }
+        {
             let (me, stop) = (self.clone(), shutdown.clone());
-            tokio::spawn(async move { me.resync_loop(&stop).await })
-        };
-        let command_loop = {
+            tasks.spawn("resync", async move { me.resync_loop(&stop).await });
+        }
+        {
             let (me, stop) = (self.clone(), shutdown.clone());
-            tokio::spawn(async move {
+            tasks.spawn("command consumer", async move {
                 let handler_me = me.clone();
                 me.bus
                     .run_consumer(
@@ -142,8 +139,8 @@ impl<B: Backend> Worker<B> {
                         stop,
                     )
                     .await
-            })
-        };
+            });
+        }
         self.ready.store(true, Ordering::Release);
         let handler_me = self.clone();
         let result = self
@@ -160,10 +157,10 @@ impl<B: Backend> Worker<B> {
             .await;
         shutdown.cancel();
         self.ready.store(false, Ordering::Release);
-        for task in [observer, observations, resync] {
-            let _ = task.await;
+        let report = tasks.join_all(Duration::from_secs(15)).await;
+        if !report.is_clean() {
+            tracing::warn!(failed = ?report.failed, unfinished = ?report.unfinished, "worker tasks did not end cleanly");
         }
-        let _ = command_loop.await;
         result.map_err(WorkerError::from)
     }
 
@@ -228,6 +225,19 @@ impl<B: Backend> Worker<B> {
             return Disposition::Term(format!("assignment for backend {} reached {}", assignment.backend, self.settings.backend));
         }
         let (id, attempt) = (envelope.assignment_id, envelope.attempt);
+        if delivery.delivered_count > 1 {
+            match self.claimed_and_gone(id, attempt).await {
+                Ok(false) => {}
+                Ok(true) => {
+                    tracing::info!(assignment = %id, attempt, "redelivered assignment was claimed and its workload is gone; not creating it again");
+                    return Disposition::Ack;
+                }
+                Err(message) => {
+                    tracing::warn!(assignment = %id, %message, "cannot tell whether a redelivered assignment already ran; will retry");
+                    return Disposition::Nak(Some(Duration::from_secs(2)));
+                }
+            }
+        }
         let token = self.settings.token_key.token(id, attempt);
         let hash = token_hash(&token);
         let spec = self.spec(assignment, id, attempt, token);
@@ -296,6 +306,24 @@ impl<B: Backend> Worker<B> {
                 Disposition::Nak(Some(Duration::from_secs(2)))
             }
         }
+    }
+
+    /// A redelivery may come after the attempt's workload was created, ran its job and was
+    /// deleted (the worker died before its ack, or a create call timed out while the workload
+    /// came up and finished). Creating it again would start a second workload for a task that an
+    /// executor has already claimed. True when the task is claimed and no live workload of this
+    /// attempt exists; an existing one is left to `create` to find.
+    async fn claimed_and_gone(&self, id: AssignmentId, attempt: u32) -> Result<bool, String> {
+        let claimed = subject::event(&self.settings.backend, id, Kind::Claimed);
+        let claim = self.bus.last_on_subject(jr_protocol::STREAM_EVENTS, &claimed).await.map_err(|e| e.to_string())?;
+        if claim.is_none() {
+            return Ok(false);
+        }
+        let found = self.backend.list().await.map_err(|e| e.to_string())?;
+        let live = found.iter().any(|o| {
+            o.assignment_id == id && o.attempt == attempt && !matches!(o.phase, WorkloadPhase::Gone | WorkloadPhase::Terminating)
+        });
+        Ok(!live)
     }
 
     fn spec(&self, a: &Assignment, id: AssignmentId, attempt: u32, token: String) -> WorkloadSpec {
