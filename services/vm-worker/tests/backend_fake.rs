@@ -200,6 +200,45 @@ async fn create_is_idempotent_across_a_client_side_timeout() {
 }
 
 #[tokio::test]
+async fn a_timed_out_create_whose_sandbox_is_already_stopping_reports_that_sandbox() {
+    let fake = FakeSandbox::start(FakeConfig {
+        stopping_for: Duration::from_secs(5),
+        ..fake_config(2)
+    })
+    .await
+    .expect("fake");
+    fake.set_create_reply_delay(Duration::from_secs(3));
+    let backend = backend_with(&fake, Duration::from_millis(800), |_| {});
+    let spec = spec();
+    let create = {
+        let (backend, spec) = (backend.clone(), spec.clone());
+        tokio::spawn(async move { backend.create(&spec).await })
+    };
+    // While the reply is late, the sandbox's job ends and it is deleted.
+    wait_until("the sandbox exists", || {
+        !created_for(&fake, &spec).is_empty()
+    })
+    .await;
+    let made = created_for(&fake, &spec);
+    backend.delete(&made[0]).await.expect("delete");
+    assert_eq!(
+        fake.sandbox(&made[0]).map(|s| s.state),
+        Some(SandboxState::Stopping)
+    );
+
+    let id = create
+        .await
+        .expect("create task")
+        .expect("the attempt's sandbox is reported, not an error");
+    assert_eq!(id, made[0]);
+    assert_eq!(
+        created_for(&fake, &spec),
+        made,
+        "no second sandbox for the attempt"
+    );
+}
+
+#[tokio::test]
 async fn duplicates_of_one_attempt_are_reduced_to_one() {
     let fake = FakeSandbox::start(fake_config(5)).await.expect("fake");
     let backend = backend(&fake);

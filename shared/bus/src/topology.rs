@@ -11,6 +11,7 @@ use crate::error::BusError;
 const DAY: Duration = Duration::from_secs(24 * 60 * 60);
 const DUPLICATE_WINDOW: Duration = Duration::from_secs(10 * 60);
 const DEFAULT_ACK_WAIT: Duration = Duration::from_secs(60);
+const WORKER_ACK_WAIT: Duration = Duration::from_secs(15);
 
 /// Where a new consumer starts. Only honoured when the consumer is first created.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,13 +67,14 @@ impl ConsumerSpec {
         }
     }
 
-    /// `<backend>-worker` on JR_ASSIGNMENTS, filter `jr.assignment.<backend>.>`.
+    /// `<backend>-worker` on JR_ASSIGNMENTS, filter `jr.assignment.<backend>.>`. A short
+    /// ack_wait: a worker killed mid-create must not hold its assignment for long (running
+    /// handlers keep theirs alive with progress acks).
     pub fn worker_assignments(backend: &BackendName) -> Self {
-        Self::new(
-            STREAM_ASSIGNMENTS,
-            format!("{backend}-worker"),
-            vec![subject::assignments_of(backend)],
-        )
+        Self {
+            ack_wait: WORKER_ACK_WAIT,
+            ..Self::new(STREAM_ASSIGNMENTS, format!("{backend}-worker"), vec![subject::assignments_of(backend)])
+        }
     }
 
     /// `<backend>-worker` on JR_COMMANDS, filter `jr.command.<backend>.>`.

@@ -202,7 +202,10 @@ impl<B: Backend> Worker<B> {
         let slot = match self.slots.adopt() {
             Some(p) => Permit::new(p),
             None => {
-                tracing::warn!(workload = %o.workload, "more workloads than capacity exist; pulling waits until some are gone");
+                // Usually the watch seeing a workload before its create handler recorded it (the
+                // handler then hands over its own slot); after a restart, more workloads than
+                // capacity: pulling waits until some are gone.
+                tracing::debug!(workload = %o.workload, "no free slot for an untracked workload");
                 Permit::unlimited()
             }
         };
@@ -316,7 +319,7 @@ impl<B: Backend> Worker<B> {
     async fn claimed_and_gone(&self, id: AssignmentId, attempt: u32) -> Result<bool, String> {
         let claimed = subject::event(&self.settings.backend, id, Kind::Claimed);
         let claim = self.bus.last_on_subject(jr_protocol::STREAM_EVENTS, &claimed).await.map_err(|e| e.to_string())?;
-        if claim.is_none() {
+        if claim.is_none_or(|(_, e)| e.attempt != attempt) {
             return Ok(false);
         }
         let found = self.backend.list().await.map_err(|e| e.to_string())?;

@@ -36,6 +36,9 @@ pub struct SystemSpec {
     pub forge_poll: Duration,
     pub fetchers: usize,
     pub log_filter: String,
+    /// `backend.vm.opensandbox.create_timeout` (client-side limit of one create call); `None`
+    /// leaves the service default (120 s).
+    pub vm_create_timeout: Option<Duration>,
 }
 
 impl Default for SystemSpec {
@@ -53,6 +56,7 @@ impl Default for SystemSpec {
             forge_poll: Duration::from_millis(200),
             fetchers: 4,
             log_filter: "info".into(),
+            vm_create_timeout: None,
         }
     }
 }
@@ -195,6 +199,11 @@ impl System {
 
     /// Queues `n` jobs with `runs-on: [label]`; `vars` steer the fake executor (JR_FAKE_*).
     pub fn enqueue(&self, label: &str, n: u32, vars: &[(&str, &str)]) {
+        self.enqueue_ids(label, n, vars);
+    }
+
+    /// Like [`System::enqueue`], returning the forge's ids of the new jobs.
+    pub fn enqueue_ids(&self, label: &str, n: u32, vars: &[(&str, &str)]) -> Vec<jr_fake_forge::JobId> {
         let spec = JobSpec {
             repo: "acme/widgets".into(),
             name: format!("{label}-job"),
@@ -203,7 +212,23 @@ impl System {
             steps: 2,
             ..Default::default()
         };
-        self.forge.enqueue_jobs(spec, n);
+        self.forge.enqueue_jobs(spec, n)
+    }
+
+    /// How many of `jobs` have a final result.
+    pub fn final_count(&self, jobs: &[jr_fake_forge::JobId]) -> usize {
+        let s = self.forge.snapshot();
+        jobs.iter().filter(|id| s.job(**id).is_some_and(|j| j.status.is_final())).count()
+    }
+
+    /// Waits until every one of `jobs` has a final result.
+    pub async fn wait_jobs_final(&self, jobs: &[jr_fake_forge::JobId], timeout: Duration) -> anyhow::Result<()> {
+        let wanted: HashSet<jr_fake_forge::JobId> = jobs.iter().copied().collect();
+        let done = |s: &jr_fake_forge::Snapshot| s.jobs.iter().filter(|j| wanted.contains(&j.id) && j.status.is_final()).count();
+        match self.forge.wait_until(|s| done(s) == wanted.len(), timeout).await {
+            Ok(_) => Ok(()),
+            Err(e) => anyhow::bail!("{e}: {} of {} jobs final", done(&self.forge.snapshot()), wanted.len()),
+        }
     }
 
     /// Waits until every job the forge knows has a final result.
@@ -276,6 +301,18 @@ impl System {
         v
     }
 
+    /// Copies every service's log into `dest` (created if needed), e.g. to read them after a
+    /// failed scenario has removed its temp dir.
+    pub fn save_logs(&mut self, dest: &std::path::Path) -> anyhow::Result<()> {
+        std::fs::create_dir_all(dest)?;
+        for p in self.services_mut() {
+            if p.log_path().exists() {
+                std::fs::copy(p.log_path(), dest.join(format!("{}.log", p.name)))?;
+            }
+        }
+        Ok(())
+    }
+
     /// Tail of every service's log, for failure messages.
     pub fn logs(&mut self) -> String {
         self.services_mut().iter().map(|p| format!("--- {} ---\n{}\n", p.name, p.log_tail(30))).collect()
@@ -336,7 +373,7 @@ image = "jetrunner/executor:scenario"
 kind = "vm"
 capacity = {vm_capacity}
 labels = ["vm"]
-opensandbox = {{ url = "{sandbox}", api_key = "{API_KEY}", pool = "{POOL}", poll_interval = "200ms" }}
+opensandbox = {{ url = "{sandbox}", api_key = "{API_KEY}", pool = "{POOL}", poll_interval = "200ms"{create_timeout} }}
 
 [scheduler]
 ops_listen = "127.0.0.1:{scheduler_ops}"
@@ -377,5 +414,6 @@ log_format = "json"
         grace = secs(spec.terminal_grace),
         lost = secs(spec.lost_timeout),
         max_attempts = spec.max_attempts,
+        create_timeout = spec.vm_create_timeout.map(|d| format!(", create_timeout = \"{}\"", secs(d))).unwrap_or_default(),
     )
 }

@@ -374,9 +374,24 @@ impl Backend for VmBackend {
                     .list_all(&filter)
                     .await
                     .map_err(|e| backend_error("create", e))?;
-                match self.adopt(found, spec).await {
-                    Some(id) => Ok(id),
-                    None => Err(backend_error("create", error)),
+                let stopping = found
+                    .iter()
+                    .filter(|s| s.status.state == SandboxState::Stopping)
+                    .min_by_key(|s| (s.created_at, s.id.clone()))
+                    .map(|s| s.id.clone());
+                match (self.adopt(found, spec).await, stopping) {
+                    (Some(id), _) => Ok(id),
+                    // The server made this attempt's sandbox and it is already going (its job
+                    // ran and it was deleted while the reply was late, or the server cleaned it
+                    // up). It is this attempt's workload: report it rather than make a second
+                    // one; its disappearance is then observed like any other.
+                    (None, Some(id)) => {
+                        tracing::info!(sandbox = %id, assignment = %spec.assignment_id,
+                            attempt = spec.attempt, "the sandbox made for this attempt is already stopping");
+                        self.track(&id, spec.assignment_id, spec.attempt);
+                        Ok(id)
+                    }
+                    (None, None) => Err(backend_error("create", error)),
                 }
             }
             Err(error) => Err(backend_error("create", error)),

@@ -1,0 +1,414 @@
+//! Worker scenarios on the whole system: capacity is never exceeded while work waits in
+//! JetStream, kill -9 of a worker at random points loses, duplicates and leaks nothing, a
+//! create call that times out on the client adopts the sandbox the server made, and one backend
+//! stalling (worker dead, API down) does not slow the other.
+//!
+//! Needs the service binaries: `cargo build --bins -p scheduler -p pod-worker -p vm-worker -p
+//! reconciler`, then `cargo test -p jr-scenarios --test workers -- --test-threads=1`. The
+//! `#[ignore]`d `full_size_*` tests run the issue's sizes (500 pod jobs / capacity 20, 300 vm
+//! jobs / pool 15): `-- --ignored --test-threads=1`. `JR_SEED=<n>` replays the random kill points.
+
+use std::time::{Duration, Instant};
+
+use jr_fake_forge::JobId;
+use jr_scenarios::{System, SystemSpec};
+use rand::rngs::StdRng;
+use rand::{Rng as _, SeedableRng as _};
+
+/// Fails with the system's log tails attached.
+async fn check<T>(system: &mut System, what: &str, result: anyhow::Result<T>) -> anyhow::Result<T> {
+    match result {
+        Ok(v) => Ok(v),
+        Err(e) => {
+            save_logs(system);
+            anyhow::bail!("{what}: {e:#}\n{}", system.logs())
+        }
+    }
+}
+
+/// With `JR_SAVE_LOGS=<dir>`, keeps the services' full logs of a scenario (at its end or
+/// failure) there.
+fn save_logs(system: &mut System) {
+    if let Some(dir) = std::env::var_os("JR_SAVE_LOGS") {
+        match system.save_logs(std::path::Path::new(&dir)) {
+            Ok(()) => eprintln!("service logs saved to {}", dir.to_string_lossy()),
+            Err(e) => eprintln!("could not save the service logs: {e:#}"),
+        }
+    }
+}
+
+/// Every job final, every workload gone, then no end invariant violated.
+async fn settle(system: &mut System, timeout: Duration) -> anyhow::Result<()> {
+    let all = system.wait_all_final(timeout).await;
+    check(system, "waiting for every job to be final", all).await?;
+    let gone = system.wait_no_workloads(Duration::from_secs(90)).await;
+    check(system, "waiting for every workload to be deleted", gone).await?;
+    let violations = system.violations();
+    save_logs(system);
+    assert!(violations.is_empty(), "{violations:#?}\n{}", system.logs());
+    Ok(())
+}
+
+fn rng(test: &str) -> StdRng {
+    let seed = std::env::var("JR_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random::<u64>);
+    eprintln!("{test}: JR_SEED={seed}");
+    StdRng::seed_from_u64(seed)
+}
+
+fn millis(rng: &mut StdRng, range: std::ops::Range<u64>) -> Duration {
+    Duration::from_millis(rng.random_range(range))
+}
+
+/// Lines of a service's log containing `needle` (the services log JSON, one event a line).
+fn log_count(system: &mut System, service: &str, needle: &str) -> usize {
+    let Some(p) = system.service(service) else {
+        return 0;
+    };
+    std::fs::read_to_string(p.log_path())
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains(needle))
+        .count()
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. Pod capacity
+
+async fn pod_capacity(jobs: u32, capacity: usize, timeout: Duration) -> anyhow::Result<()> {
+    let spec = SystemSpec {
+        pod_capacity: capacity,
+        fetchers: capacity,
+        ..Default::default()
+    };
+    let mut system = System::start(spec).await?;
+    let started = Instant::now();
+    let ids = system.enqueue_ids("pod", jobs, &[("JR_FAKE_DURATION_MS", "100")]);
+    settle(&mut system, timeout).await?;
+    let records = system.kube.records();
+    eprintln!(
+        "pod capacity: {jobs} jobs, capacity {capacity}: all final and cleaned up in {:?}; {} Pods created, at most {} live",
+        started.elapsed(),
+        records.created.len(),
+        records.max_live
+    );
+    assert_eq!(system.final_count(&ids), ids.len());
+    // No attempt was redispatched in a healthy run: exactly one Pod per job.
+    assert_eq!(records.created.len(), jobs as usize, "one Pod per job");
+    // The backlog was deep enough to fill every slot, so the bound above was really tested.
+    assert_eq!(
+        records.max_live, capacity,
+        "the worker used its whole capacity and never more"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pod_jobs_beyond_capacity_wait_and_never_exceed_it() -> anyhow::Result<()> {
+    pod_capacity(150, 10, Duration::from_secs(180)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "full size of the issue (500 jobs, capacity 20): several minutes"]
+async fn full_size_pod_capacity() -> anyhow::Result<()> {
+    pod_capacity(500, 20, Duration::from_secs(900)).await
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. and 4. kill -9 of a worker at random points
+
+/// Kills `service` three times at random points while `jobs` run, restarting it after a short
+/// random pause. Returns how many of the jobs were final at each kill.
+async fn kill_three_times(
+    system: &mut System,
+    service: &str,
+    jobs: &[JobId],
+    rng: &mut StdRng,
+) -> anyhow::Result<Vec<usize>> {
+    let mut final_at_kill = Vec::new();
+    for round in 0..3 {
+        tokio::time::sleep(millis(rng, 500..3_000)).await;
+        final_at_kill.push(system.final_count(jobs));
+        let pause = millis(rng, 100..1_500);
+        let process = system.service(service).expect("a service of the system");
+        process.kill9();
+        eprintln!(
+            "kill -9 {service} #{round} ({} of {} jobs final), restart after {pause:?}",
+            final_at_kill[round],
+            jobs.len()
+        );
+        tokio::time::sleep(pause).await;
+        process.restart()?;
+        let ready = process.wait_ready(Duration::from_secs(60)).await;
+        check(system, "restarted worker ready", ready).await?;
+    }
+    Ok(final_at_kill)
+}
+
+async fn pod_worker_kill(jobs: u32, capacity: usize, timeout: Duration) -> anyhow::Result<()> {
+    let mut rng = rng("pod kill -9");
+    let mut system = System::start(SystemSpec {
+        pod_capacity: capacity,
+        fetchers: capacity,
+        ..Default::default()
+    })
+    .await?;
+    let started = Instant::now();
+    let ids = system.enqueue_ids("pod", jobs, &[("JR_FAKE_DURATION_MS", "300")]);
+    let final_at_kill = kill_three_times(&mut system, "pod-worker", &ids, &mut rng).await?;
+    assert!(
+        final_at_kill[2] < ids.len(),
+        "the last kill came after the run ended: {final_at_kill:?}"
+    );
+    settle(&mut system, timeout).await?;
+    let records = system.kube.records();
+    eprintln!(
+        "pod kill -9: {jobs} jobs, capacity {capacity}, final at the kills {final_at_kill:?}: done in {:?}; {} Pods created, at most {} live",
+        started.elapsed(),
+        records.created.len(),
+        records.max_live
+    );
+    assert!(records.max_live <= capacity);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pod_worker_killed_at_random_points_loses_and_leaks_nothing() -> anyhow::Result<()> {
+    pod_worker_kill(120, 10, Duration::from_secs(240)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "full size of the issue (500 jobs, capacity 20): several minutes"]
+async fn full_size_pod_worker_kill() -> anyhow::Result<()> {
+    pod_worker_kill(500, 20, Duration::from_secs(900)).await
+}
+
+async fn vm_worker_kill(jobs: u32, pool: usize, timeout: Duration) -> anyhow::Result<()> {
+    let mut rng = rng("vm kill -9");
+    let spec = SystemSpec {
+        vm_capacity: pool,
+        fetchers: pool,
+        vm_create_timeout: Some(Duration::from_secs(1)),
+        ..Default::default()
+    };
+    let mut system = System::start(spec).await?;
+    // Create replies come after the client gave up, so kills also land in the middle of
+    // creates whose sandbox exists but was never reported to the worker.
+    system
+        .sandbox
+        .set_create_reply_delay(Duration::from_millis(1_500));
+    let started = Instant::now();
+    let ids = system.enqueue_ids("vm", jobs, &[("JR_FAKE_DURATION_MS", "300")]);
+    let final_at_kill = kill_three_times(&mut system, "vm-worker", &ids, &mut rng).await?;
+    assert!(
+        final_at_kill[2] < ids.len(),
+        "the last kill came after the run ended: {final_at_kill:?}"
+    );
+    settle(&mut system, timeout).await?;
+    let created = system.sandbox.created();
+    eprintln!(
+        "vm kill -9: {jobs} jobs, pool {pool}, final at the kills {final_at_kill:?}: done in {:?}; {} sandboxes allocated, at most {} live",
+        started.elapsed(),
+        created.iter().filter(|s| s.allocated).count(),
+        system.sandbox.max_live()
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn vm_worker_killed_at_random_points_loses_and_leaks_nothing() -> anyhow::Result<()> {
+    vm_worker_kill(60, 6, Duration::from_secs(240)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "full size of the issue (300 jobs, pool 15): several minutes"]
+async fn full_size_vm_worker_kill() -> anyhow::Result<()> {
+    vm_worker_kill(300, 15, Duration::from_secs(900)).await
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. VM pool capacity with client-side create timeouts
+
+async fn vm_capacity_with_create_timeouts(
+    jobs: u32,
+    pool: usize,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let spec = SystemSpec {
+        vm_capacity: pool,
+        fetchers: pool,
+        vm_create_timeout: Some(Duration::from_secs(1)),
+        ..Default::default()
+    };
+    let mut system = System::start(spec).await?;
+    // Longer than the worker's create timeout: every create call times out on the client while
+    // the server has made (and started) the sandbox.
+    system
+        .sandbox
+        .set_create_reply_delay(Duration::from_secs(3));
+    let started = Instant::now();
+    let ids = system.enqueue_ids("vm", jobs, &[("JR_FAKE_DURATION_MS", "100")]);
+    settle(&mut system, timeout).await?;
+    let allocated = system
+        .sandbox
+        .created()
+        .iter()
+        .filter(|s| s.allocated)
+        .count();
+    let unknown = log_count(&mut system, "vm-worker", "create outcome unknown");
+    eprintln!(
+        "vm capacity: {jobs} jobs, pool {pool}, create timeout 1 s < reply delay 3 s: done in {:?}; {allocated} sandboxes allocated, at most {} live, {unknown} creates timed out",
+        started.elapsed(),
+        system.sandbox.max_live()
+    );
+    assert_eq!(system.final_count(&ids), ids.len());
+    assert_eq!(
+        allocated, jobs as usize,
+        "one sandbox per job: each timed-out create was adopted, not repeated"
+    );
+    // A job can end before its create call times out, so up to a pool's worth of calls may
+    // still be waiting when the last job is final.
+    assert!(
+        unknown + pool >= jobs as usize,
+        "every create timed out on the client ({unknown} of {jobs} so far)"
+    );
+    assert_eq!(
+        system.sandbox.max_live(),
+        pool,
+        "the worker used its whole pool and never more"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn vm_jobs_fill_the_pool_and_timed_out_creates_are_adopted() -> anyhow::Result<()> {
+    vm_capacity_with_create_timeouts(40, 5, Duration::from_secs(180)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "full size of the issue (300 jobs, pool 15): several minutes"]
+async fn full_size_vm_capacity_with_create_timeouts() -> anyhow::Result<()> {
+    vm_capacity_with_create_timeouts(300, 15, Duration::from_secs(900)).await
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. Capacity isolation between backends
+
+/// Enqueues `n` jobs and waits until they are final; returns how long that took.
+async fn run_batch(
+    system: &mut System,
+    label: &str,
+    n: u32,
+    timeout: Duration,
+) -> anyhow::Result<(Vec<JobId>, Duration)> {
+    let started = Instant::now();
+    let ids = system.enqueue_ids(label, n, &[("JR_FAKE_DURATION_MS", "200")]);
+    let done = system.wait_jobs_final(&ids, timeout).await;
+    check(system, &format!("{n} {label} jobs final"), done).await?;
+    Ok((ids, started.elapsed()))
+}
+
+/// Generous: the stalled backend may cost a little CPU, but not a multiple of the baseline.
+fn assert_not_slowed(what: &str, baseline: Duration, measured: Duration) {
+    let bound = baseline * 3 + Duration::from_secs(5);
+    assert!(
+        measured <= bound,
+        "{what}: {measured:?}, baseline {baseline:?}, bound {bound:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stalled_backend_does_not_hold_up_the_other() -> anyhow::Result<()> {
+    let spec = SystemSpec {
+        pod_capacity: 4,
+        vm_capacity: 4,
+        fetchers: 4,
+        ..Default::default()
+    };
+    let mut system = System::start(spec).await?;
+    let batch = 12;
+    let limit = Duration::from_secs(90);
+
+    // Baselines with everything healthy.
+    let (_, vm_baseline) = run_batch(&mut system, "vm", batch, limit).await?;
+    let (_, pod_baseline) = run_batch(&mut system, "pod", batch, limit).await?;
+    eprintln!("isolation: baselines for {batch} jobs: vm {vm_baseline:?}, pod {pod_baseline:?}");
+
+    // The Kubernetes API is down: pod jobs wait, vm jobs run as before.
+    system.kube.set_unavailable(true);
+    let stuck_pods = system.enqueue_ids("pod", 6, &[("JR_FAKE_DURATION_MS", "200")]);
+    let (_, vm_api_down) = run_batch(&mut system, "vm", batch, limit).await?;
+    assert_eq!(
+        system.final_count(&stuck_pods),
+        0,
+        "pod jobs cannot finish while the API is down"
+    );
+    assert!(
+        system.kube.rejected_requests() > 0,
+        "the pod-worker did meet the outage"
+    );
+    assert_not_slowed(
+        "vm jobs while the Kubernetes API is down",
+        vm_baseline,
+        vm_api_down,
+    );
+
+    // The pod-worker is dead as well (not restarted): vm jobs still run.
+    system.pod_worker.kill9();
+    let (_, vm_worker_dead) = run_batch(&mut system, "vm", batch, limit).await?;
+    assert_eq!(
+        system.final_count(&stuck_pods),
+        0,
+        "pod jobs cannot finish without a pod-worker"
+    );
+    assert_not_slowed(
+        "vm jobs while the pod-worker is dead",
+        vm_baseline,
+        vm_worker_dead,
+    );
+    eprintln!(
+        "isolation: vm jobs with the Kubernetes API down {vm_api_down:?}, with the pod-worker dead too {vm_worker_dead:?}"
+    );
+
+    // Back to health: the stalled pod jobs complete.
+    system.kube.set_unavailable(false);
+    system.pod_worker.restart()?;
+    let ready = system.pod_worker.wait_ready(Duration::from_secs(60)).await;
+    check(&mut system, "pod-worker ready again", ready).await?;
+    let recovered = Instant::now();
+    let done = system.wait_jobs_final(&stuck_pods, limit).await;
+    check(&mut system, "stalled pod jobs final after recovery", done).await?;
+    eprintln!(
+        "isolation: stalled pod jobs final {:?} after recovery",
+        recovered.elapsed()
+    );
+
+    // OpenSandbox is in outage: vm jobs wait, pod jobs run as before.
+    system.sandbox.set_outage(true);
+    let stuck_vms = system.enqueue_ids("vm", 6, &[("JR_FAKE_DURATION_MS", "200")]);
+    let (_, pod_sandbox_down) = run_batch(&mut system, "pod", batch, limit).await?;
+    assert_eq!(
+        system.final_count(&stuck_vms),
+        0,
+        "vm jobs cannot finish while OpenSandbox is down"
+    );
+    assert_not_slowed(
+        "pod jobs while OpenSandbox is down",
+        pod_baseline,
+        pod_sandbox_down,
+    );
+    eprintln!("isolation: pod jobs with OpenSandbox down {pod_sandbox_down:?}");
+
+    system.sandbox.set_outage(false);
+    let recovered = Instant::now();
+    let done = system.wait_jobs_final(&stuck_vms, limit).await;
+    check(&mut system, "stalled vm jobs final after recovery", done).await?;
+    eprintln!(
+        "isolation: stalled vm jobs final {:?} after recovery",
+        recovered.elapsed()
+    );
+
+    settle(&mut system, limit).await
+}
