@@ -41,8 +41,12 @@ fn decode(file: Option<String>) -> anyhow::Result<()> {
         }
         Some(path) => bytes = std::fs::read(path)?,
     }
-    let envelope = jr_protocol::decode(&bytes).map_err(|e| anyhow::anyhow!("not a jetrunner message: {e}"))?;
-    println!("{}", serde_json::to_string_pretty(&jr_protocol::to_json(&envelope))?);
+    let envelope =
+        jr_protocol::decode(&bytes).map_err(|e| anyhow::anyhow!("not a jetrunner message: {e}"))?;
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&jr_protocol::to_json(&envelope))?
+    );
     Ok(())
 }
 
@@ -58,10 +62,15 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Decode { file } => decode(file),
-        Command::Health { url, timeout_secs } => match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-            Ok(rt) => rt.block_on(health(&url, Duration::from_secs(timeout_secs))),
-            Err(e) => Err(e.into()),
-        },
+        Command::Health { url, timeout_secs } => {
+            match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt.block_on(health(&url, Duration::from_secs(timeout_secs))),
+                Err(e) => Err(e.into()),
+            }
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -13,7 +13,12 @@ fn run_decode(input: &[u8]) -> std::process::Output {
         .stderr(Stdio::piped())
         .spawn()
         .expect("jr runs");
-    child.stdin.take().expect("stdin").write_all(input).expect("write");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(input)
+        .expect("write");
     child.wait_with_output().expect("jr exits")
 }
 
@@ -25,10 +30,17 @@ fn decode_prints_a_message_as_json() {
         1_700_000_000_000,
         id,
         2,
-        Message::Released(Released { backend: BackendName::new("pod").expect("name"), workload: "jr-x-2".into() }),
+        Message::Released(Released {
+            backend: BackendName::new("pod").expect("name"),
+            workload: "jr-x-2".into(),
+        }),
     );
     let out = run_decode(&jr_protocol::encode(&envelope));
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(json["kind"], "released");
     assert_eq!(json["assignment_id"], id.to_string());

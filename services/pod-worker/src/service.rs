@@ -17,25 +17,45 @@ fn table_to_json(table: &Option<toml::Table>) -> anyhow::Result<serde_json::Valu
 
 pub async fn run(p: Process) -> anyhow::Result<()> {
     let (settings, backend_cfg) =
-        settings_from_config(&p.config, &p.config.pod_worker, "pod_worker", "pod").map_err(anyhow::Error::msg)?;
-    let kube_cfg = backend_cfg
-        .kubernetes
-        .as_ref()
-        .with_context(|| format!("backend.{}.kubernetes is required for pod-worker", settings.backend))?;
+        settings_from_config(&p.config, &p.config.pod_worker, "pod_worker", "pod")
+            .map_err(anyhow::Error::msg)?;
+    let kube_cfg = backend_cfg.kubernetes.as_ref().with_context(|| {
+        format!(
+            "backend.{}.kubernetes is required for pod-worker",
+            settings.backend
+        )
+    })?;
     let defaults = table_to_json(&backend_cfg.runner)?;
     let mut providers = BTreeMap::new();
     for provider in backend_cfg.providers.iter().filter(|p| !p.disabled) {
         providers.insert(provider.name.clone(), table_to_json(&provider.runner)?);
     }
-    let template = PodTemplate::new(&defaults, &providers).with_context(|| format!("backend.{}.runner", settings.backend))?;
+    let template = PodTemplate::new(&defaults, &providers)
+        .with_context(|| format!("backend.{}.runner", settings.backend))?;
     let client_config = match &kube_cfg.api_url {
-        Some(url) => kube::Config::new(url.parse().with_context(|| format!("backend.{}.kubernetes.api_url", settings.backend))?),
-        None => kube::Config::infer().await.context("no Kubernetes API: set kubernetes.api_url or run in a cluster")?,
+        Some(url) => kube::Config::new(
+            url.parse()
+                .with_context(|| format!("backend.{}.kubernetes.api_url", settings.backend))?,
+        ),
+        None => kube::Config::infer()
+            .await
+            .context("no Kubernetes API: set kubernetes.api_url or run in a cluster")?,
     };
     let client = crate::backend::client_from_config(client_config).context("Kubernetes client")?;
-    let backend = PodBackend::new(client, kube_cfg.namespace.clone(), settings.backend.clone(), template);
+    let backend = PodBackend::new(
+        client,
+        kube_cfg.namespace.clone(),
+        settings.backend.clone(),
+        template,
+    );
     let worker = Worker::new(p.bus, backend, settings);
     worker.metrics.register(&mut p.metrics.registry());
     let readiness = p.readiness.clone();
-    worker.run(move |ready| readiness.set("worker", ready), p.shutdown.token()).await.map_err(Into::into)
+    worker
+        .run(
+            move |ready| readiness.set("worker", ready),
+            p.shutdown.token(),
+        )
+        .await
+        .map_err(Into::into)
 }

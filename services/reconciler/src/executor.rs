@@ -12,7 +12,10 @@ use jr_protocol::{
 use crate::planner::PlannedCommand;
 
 fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 /// Publishes commands, skipping ones issued within `reissue_after` (they are in flight; the
@@ -33,14 +36,24 @@ pub enum ExecuteError {
 }
 
 impl Executor {
-    pub fn new(bus: Bus, metrics: std::sync::Arc<crate::metrics::ReconcilerMetrics>, reissue_after: Duration) -> Self {
-        Self { bus, metrics, reissue_after, issued: HashMap::new() }
+    pub fn new(
+        bus: Bus,
+        metrics: std::sync::Arc<crate::metrics::ReconcilerMetrics>,
+        reissue_after: Duration,
+    ) -> Self {
+        Self {
+            bus,
+            metrics,
+            reissue_after,
+            issued: HashMap::new(),
+        }
     }
 
     /// Executes `commands`; returns how many were published now.
     pub async fn execute(&mut self, commands: &[PlannedCommand]) -> usize {
         let now = Instant::now();
-        self.issued.retain(|_, at| now.duration_since(*at) < self.reissue_after);
+        self.issued
+            .retain(|_, at| now.duration_since(*at) < self.reissue_after);
         let mut published = 0;
         for command in commands {
             let id = command.id();
@@ -50,11 +63,18 @@ impl Executor {
             match self.publish(command, &id).await {
                 Ok(()) => {
                     tracing::info!(command = %id, reason = command.reason(), "command issued");
-                    self.metrics.commands.get_or_create(&crate::metrics::KindLabel { kind: command.kind().to_owned() }).inc();
+                    self.metrics
+                        .commands
+                        .get_or_create(&crate::metrics::KindLabel {
+                            kind: command.kind().to_owned(),
+                        })
+                        .inc();
                     self.issued.insert(id, now);
                     published += 1;
                 }
-                Err(e) => tracing::warn!(command = %id, error = %e, "command not issued; will retry"),
+                Err(e) => {
+                    tracing::warn!(command = %id, error = %e, "command not issued; will retry")
+                }
             }
         }
         published
@@ -62,27 +82,62 @@ impl Executor {
 
     async fn publish(&self, command: &PlannedCommand, id: &str) -> Result<(), ExecuteError> {
         match command {
-            PlannedCommand::DeleteWorkload { backend, workload, assignment_id, attempt, reason } => {
+            PlannedCommand::DeleteWorkload {
+                backend,
+                workload,
+                assignment_id,
+                attempt,
+                reason,
+            } => {
                 let envelope = Envelope::new(
                     id,
                     now_ms(),
                     *assignment_id,
                     *attempt,
-                    Message::DeleteWorkload(DeleteWorkload { backend: backend.clone(), workload: workload.clone(), reason: reason.clone() }),
+                    Message::DeleteWorkload(DeleteWorkload {
+                        backend: backend.clone(),
+                        workload: workload.clone(),
+                        reason: reason.clone(),
+                    }),
                 );
-                self.bus.publish(&subject::command(backend.as_str(), Kind::DeleteWorkload), &envelope).await?;
+                self.bus
+                    .publish(
+                        &subject::command(backend.as_str(), Kind::DeleteWorkload),
+                        &envelope,
+                    )
+                    .await?;
             }
-            PlannedCommand::FailTask { assignment_id, attempt, backend, forge_task_id, reason } => {
+            PlannedCommand::FailTask {
+                assignment_id,
+                attempt,
+                backend,
+                forge_task_id,
+                reason,
+            } => {
                 let envelope = Envelope::new(
                     id,
                     now_ms(),
                     *assignment_id,
                     *attempt,
-                    Message::FailTask(FailTask { forge_task_id: *forge_task_id, backend: backend.clone(), reason: reason.clone() }),
+                    Message::FailTask(FailTask {
+                        forge_task_id: *forge_task_id,
+                        backend: backend.clone(),
+                        reason: reason.clone(),
+                    }),
                 );
-                self.bus.publish(&subject::command(subject::SCHEDULER_TARGET, Kind::FailTask), &envelope).await?;
+                self.bus
+                    .publish(
+                        &subject::command(subject::SCHEDULER_TARGET, Kind::FailTask),
+                        &envelope,
+                    )
+                    .await?;
             }
-            PlannedCommand::Redispatch { assignment_id, backend, next_attempt, reason } => {
+            PlannedCommand::Redispatch {
+                assignment_id,
+                backend,
+                next_attempt,
+                reason,
+            } => {
                 let assignment_subject = subject::assignment(backend, *assignment_id);
                 let (_, mut envelope) = self
                     .bus
@@ -103,9 +158,17 @@ impl Executor {
                     now_ms(),
                     *assignment_id,
                     next_attempt - 1,
-                    Message::Redispatched(Redispatched { next_attempt: *next_attempt, reason: reason.clone() }),
+                    Message::Redispatched(Redispatched {
+                        next_attempt: *next_attempt,
+                        reason: reason.clone(),
+                    }),
                 );
-                self.bus.publish(&subject::event(backend, *assignment_id, Kind::Redispatched), &event).await?;
+                self.bus
+                    .publish(
+                        &subject::event(backend, *assignment_id, Kind::Redispatched),
+                        &event,
+                    )
+                    .await?;
             }
         }
         Ok(())

@@ -1,5 +1,10 @@
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    jr_service::main("reconciler", |c| c.reconciler.ops_listen, &["database", "projection"], reconciler::service::run)
+    jr_service::main(
+        "reconciler",
+        |c| c.reconciler.ops_listen,
+        &["database", "projection"],
+        reconciler::service::run,
+    )
 }

@@ -34,10 +34,26 @@ pub struct ReconcilerMetrics {
 }
 
 impl ReconcilerMetrics {
-    pub fn register(self: &Arc<Self>, registry: &mut Registry, projectors: Vec<(&'static str, Arc<ProjectorState>)>) {
-        registry.register("reconciler_commands", "Commands issued, by kind", self.commands.clone());
-        registry.register("queue_depth", "Assignments waiting for a free slot, per backend", self.queue_depth.clone());
-        registry.register("slots_used", "Capacity slots in use per backend (projection)", self.slots_used.clone());
+    pub fn register(
+        self: &Arc<Self>,
+        registry: &mut Registry,
+        projectors: Vec<(&'static str, Arc<ProjectorState>)>,
+    ) {
+        registry.register(
+            "reconciler_commands",
+            "Commands issued, by kind",
+            self.commands.clone(),
+        );
+        registry.register(
+            "queue_depth",
+            "Assignments waiting for a free slot, per backend",
+            self.queue_depth.clone(),
+        );
+        registry.register(
+            "slots_used",
+            "Capacity slots in use per backend (projection)",
+            self.slots_used.clone(),
+        );
         registry.register_collector(Box::new(ProjectionCollector { projectors }));
     }
 }
@@ -51,24 +67,42 @@ impl Collector for ProjectionCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let c = ConstCounter::new(0u64);
         {
-            let mut applied = encoder.encode_descriptor("projection_applied", "Messages applied to the projection", None, c.metric_type())?;
+            let mut applied = encoder.encode_descriptor(
+                "projection_applied",
+                "Messages applied to the projection",
+                None,
+                c.metric_type(),
+            )?;
             for (stream, s) in &self.projectors {
                 let labels = [("stream", *stream)];
-                ConstCounter::new(s.applied.load(Ordering::Relaxed)).encode(applied.encode_family(&labels)?)?;
+                ConstCounter::new(s.applied.load(Ordering::Relaxed))
+                    .encode(applied.encode_family(&labels)?)?;
             }
         }
         {
             let g = ConstGauge::new(0i64);
-            let mut checkpoint = encoder.encode_descriptor("projection_checkpoint", "Last stream sequence applied", None, g.metric_type())?;
+            let mut checkpoint = encoder.encode_descriptor(
+                "projection_checkpoint",
+                "Last stream sequence applied",
+                None,
+                g.metric_type(),
+            )?;
             for (stream, s) in &self.projectors {
                 let labels = [("stream", *stream)];
-                ConstGauge::new(s.checkpoint.load(Ordering::Relaxed) as i64).encode(checkpoint.encode_family(&labels)?)?;
+                ConstGauge::new(s.checkpoint.load(Ordering::Relaxed) as i64)
+                    .encode(checkpoint.encode_family(&labels)?)?;
             }
         }
-        let mut errors = encoder.encode_descriptor("projection_store_errors", "Failed projection transactions", None, c.metric_type())?;
+        let mut errors = encoder.encode_descriptor(
+            "projection_store_errors",
+            "Failed projection transactions",
+            None,
+            c.metric_type(),
+        )?;
         for (stream, s) in &self.projectors {
             let labels = [("stream", *stream)];
-            ConstCounter::new(s.store_errors.load(Ordering::Relaxed)).encode(errors.encode_family(&labels)?)?;
+            ConstCounter::new(s.store_errors.load(Ordering::Relaxed))
+                .encode(errors.encode_family(&labels)?)?;
         }
         Ok(())
     }

@@ -63,7 +63,12 @@ pub async fn run(
     }
 }
 
-async fn checkpoint_with_retry(store: &Store, stream: &str, state: &ProjectorState, shutdown: &CancellationToken) -> Option<u64> {
+async fn checkpoint_with_retry(
+    store: &Store,
+    stream: &str,
+    state: &ProjectorState,
+    shutdown: &CancellationToken,
+) -> Option<u64> {
     let mut delay = Duration::from_millis(200);
     loop {
         match store.checkpoint(stream).await {
@@ -90,7 +95,9 @@ async fn project(
     applied: &Notify,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
-    let Some(checkpoint) = checkpoint_with_retry(store, stream, state, shutdown).await else { return Ok(()) };
+    let Some(checkpoint) = checkpoint_with_retry(store, stream, state, shutdown).await else {
+        return Ok(());
+    };
     state.checkpoint.store(checkpoint, Ordering::Release);
     // The last checkpoint this run committed (or found): what the store must still say.
     let mut expected = checkpoint;
@@ -98,7 +105,9 @@ async fn project(
     let handle = js.get_stream(stream).await?;
     let consumer = handle
         .create_consumer(OrderedConfig {
-            deliver_policy: DeliverPolicy::ByStartSequence { start_sequence: checkpoint + 1 },
+            deliver_policy: DeliverPolicy::ByStartSequence {
+                start_sequence: checkpoint + 1,
+            },
             ..Default::default()
         })
         .await?;
@@ -131,7 +140,10 @@ async fn project(
         };
         while let Some(item) = next.take() {
             let message = item?;
-            let seq = message.info().map_err(|e| anyhow::anyhow!("message info: {e}"))?.stream_sequence;
+            let seq = message
+                .info()
+                .map_err(|e| anyhow::anyhow!("message info: {e}"))?
+                .stream_sequence;
             match jr_protocol::decode(&message.payload) {
                 Ok(envelope) => batch.push((seq, envelope)),
                 Err(e) => {
@@ -163,7 +175,9 @@ async fn project(
             match result {
                 Ok(stats) => {
                     expected = stats.checkpoint;
-                    state.applied.fetch_add(stats.applied as u64, Ordering::Relaxed);
+                    state
+                        .applied
+                        .fetch_add(stats.applied as u64, Ordering::Relaxed);
                     state.checkpoint.store(stats.checkpoint, Ordering::Release);
                     break;
                 }

@@ -32,7 +32,10 @@ pub fn planner_config(c: &jr_config::ReconcilerConfig) -> PlannerConfig {
 }
 
 fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 /// Connects and migrates, retrying while Postgres is not there yet.
@@ -58,16 +61,29 @@ pub async fn run(p: Process) -> anyhow::Result<()> {
     let shutdown = p.shutdown.token();
     let cfg = p.config.reconciler.clone();
     let topology = jr_bus::Topology::new().replicas(p.config.nats.stream_replicas);
-    p.bus.ensure_topology(&topology).await.context("declaring streams")?;
-    let Some(store) = open_store(&p.config.database.url, &shutdown).await? else { return Ok(()) };
+    p.bus
+        .ensure_topology(&topology)
+        .await
+        .context("declaring streams")?;
+    let Some(store) = open_store(&p.config.database.url, &shutdown).await? else {
+        return Ok(());
+    };
     p.readiness.set("database", true);
 
     let applied = Arc::new(Notify::new());
-    let states: Vec<(&'static str, Arc<ProjectorState>)> =
-        [STREAM_ASSIGNMENTS, STREAM_EVENTS].into_iter().map(|s| (s, Arc::new(ProjectorState::default()))).collect();
+    let states: Vec<(&'static str, Arc<ProjectorState>)> = [STREAM_ASSIGNMENTS, STREAM_EVENTS]
+        .into_iter()
+        .map(|s| (s, Arc::new(ProjectorState::default())))
+        .collect();
     let mut tasks = TaskSet::new(p.shutdown.clone());
     for (stream, state) in &states {
-        let (bus, store, state, applied, stop) = (p.bus.clone(), store.clone(), state.clone(), applied.clone(), shutdown.clone());
+        let (bus, store, state, applied, stop) = (
+            p.bus.clone(),
+            store.clone(),
+            state.clone(),
+            applied.clone(),
+            shutdown.clone(),
+        );
         let (stream, max_batch) = (*stream, cfg.max_batch);
         tasks.spawn(format!("projector {stream}"), async move {
             projector::run(bus, store, stream, max_batch, state, applied, stop).await
@@ -77,7 +93,11 @@ pub async fn run(p: Process) -> anyhow::Result<()> {
     let status = Arc::new(StatusState {
         store: store.clone(),
         bus: p.bus.clone(),
-        capacity: p.config.enabled_backends().map(|(n, b)| (n.to_string(), b.capacity)).collect::<BTreeMap<_, _>>(),
+        capacity: p
+            .config
+            .enabled_backends()
+            .map(|(n, b)| (n.to_string(), b.capacity))
+            .collect::<BTreeMap<_, _>>(),
     });
     let listener = tokio::net::TcpListener::bind(cfg.status_listen)
         .await
@@ -85,7 +105,9 @@ pub async fn run(p: Process) -> anyhow::Result<()> {
     {
         let stop = shutdown.clone();
         tasks.spawn("status api", async move {
-            axum::serve(listener, router(status)).with_graceful_shutdown(async move { stop.cancelled().await }).await
+            axum::serve(listener, router(status))
+                .with_graceful_shutdown(async move { stop.cancelled().await })
+                .await
         });
     }
 
@@ -93,9 +115,15 @@ pub async fn run(p: Process) -> anyhow::Result<()> {
     metrics.register(&mut p.metrics.registry(), states.clone());
     let planner = planner_config(&cfg);
     let mut executor = Executor::new(p.bus.clone(), metrics.clone(), Duration::from_secs(30));
-    let backends: Vec<String> = p.config.enabled_backends().map(|(n, _)| n.to_string()).collect();
+    let backends: Vec<String> = p
+        .config
+        .enabled_backends()
+        .map(|(n, _)| n.to_string())
+        .collect();
     loop {
-        let caught_up = states.iter().all(|(_, s)| s.caught_up.load(Ordering::Acquire));
+        let caught_up = states
+            .iter()
+            .all(|(_, s)| s.caught_up.load(Ordering::Acquire));
         p.readiness.set("projection", caught_up);
         // Planning on a projection that is still replaying would act on old state.
         if caught_up {
@@ -115,21 +143,47 @@ pub async fn run(p: Process) -> anyhow::Result<()> {
         }
     }
     let report = tasks.join_all(Duration::from_secs(15)).await;
-    anyhow::ensure!(report.is_clean(), "reconciler tasks failed: {:?} unfinished: {:?}", report.failed, report.unfinished);
+    anyhow::ensure!(
+        report.is_clean(),
+        "reconciler tasks failed: {:?} unfinished: {:?}",
+        report.failed,
+        report.unfinished
+    );
     Ok(())
 }
 
 /// Queue depth (the worker consumer's pending count) and projected slot use per backend.
-async fn update_gauges(bus: &jr_bus::Bus, store: &Store, metrics: &ReconcilerMetrics, backends: &[String]) {
+async fn update_gauges(
+    bus: &jr_bus::Bus,
+    store: &Store,
+    metrics: &ReconcilerMetrics,
+    backends: &[String],
+) {
     for backend in backends {
-        if let Ok(c) = bus.consumer_info(STREAM_ASSIGNMENTS, &format!("{backend}-worker")).await {
-            metrics.queue_depth.get_or_create(&BackendLabel { backend: backend.clone() }).set(c.num_pending as i64);
+        if let Ok(c) = bus
+            .consumer_info(STREAM_ASSIGNMENTS, &format!("{backend}-worker"))
+            .await
+        {
+            metrics
+                .queue_depth
+                .get_or_create(&BackendLabel {
+                    backend: backend.clone(),
+                })
+                .set(c.num_pending as i64);
         }
     }
     if let Ok(slots) = store.slots_used().await {
         for backend in backends {
-            let used = slots.iter().find(|s| &s.backend == backend).map_or(0, |s| s.used);
-            metrics.slots_used.get_or_create(&BackendLabel { backend: backend.clone() }).set(used as i64);
+            let used = slots
+                .iter()
+                .find(|s| &s.backend == backend)
+                .map_or(0, |s| s.used);
+            metrics
+                .slots_used
+                .get_or_create(&BackendLabel {
+                    backend: backend.clone(),
+                })
+                .set(used as i64);
         }
     }
 }

@@ -40,7 +40,11 @@ pub fn router(state: Arc<StatusState>) -> Router {
 }
 
 fn internal(e: impl std::fmt::Display) -> Response {
-    (StatusCode::SERVICE_UNAVAILABLE, Json(serde_json::json!({ "error": e.to_string() }))).into_response()
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        Json(serde_json::json!({ "error": e.to_string() })),
+    )
+        .into_response()
 }
 
 async fn status(State(s): State<Arc<StatusState>>) -> Response {
@@ -54,25 +58,50 @@ async fn status(State(s): State<Arc<StatusState>>) -> Response {
     };
     let mut backends = Vec::new();
     for (name, capacity) in &s.capacity {
-        let queue_depth = s.bus.consumer_info(STREAM_ASSIGNMENTS, &format!("{name}-worker")).await.ok().map(|c| c.num_pending);
+        let queue_depth = s
+            .bus
+            .consumer_info(STREAM_ASSIGNMENTS, &format!("{name}-worker"))
+            .await
+            .ok()
+            .map(|c| c.num_pending);
         let states = counts
             .iter()
             .filter(|c| c.backend.as_deref() == Some(name.as_str()))
             .map(|c| (c.state.as_str().to_owned(), c.count))
             .collect();
-        let slots_used = slots.iter().find(|u| &u.backend == name).map_or(0, |u| u.used);
-        backends.push(BackendStatus { name: name.clone(), capacity: *capacity, slots_used, queue_depth, states });
+        let slots_used = slots
+            .iter()
+            .find(|u| &u.backend == name)
+            .map_or(0, |u| u.used);
+        backends.push(BackendStatus {
+            name: name.clone(),
+            capacity: *capacity,
+            slots_used,
+            queue_depth,
+            states,
+        });
     }
     Json(serde_json::json!({ "backends": backends })).into_response()
 }
 
 async fn timeline(State(s): State<Arc<StatusState>>, Path(id): Path<String>) -> Response {
     let Ok(id) = id.parse::<AssignmentId>() else {
-        return (StatusCode::BAD_REQUEST, Json(serde_json::json!({ "error": "not an assignment id" }))).into_response();
+        return (
+            StatusCode::BAD_REQUEST,
+            Json(serde_json::json!({ "error": "not an assignment id" })),
+        )
+            .into_response();
     };
     match s.store.timeline(id).await {
-        Ok(Some(entries)) => Json(serde_json::json!({ "assignment": id.to_string(), "timeline": entries })).into_response(),
-        Ok(None) => (StatusCode::NOT_FOUND, Json(serde_json::json!({ "error": "unknown assignment" }))).into_response(),
+        Ok(Some(entries)) => {
+            Json(serde_json::json!({ "assignment": id.to_string(), "timeline": entries }))
+                .into_response()
+        }
+        Ok(None) => (
+            StatusCode::NOT_FOUND,
+            Json(serde_json::json!({ "error": "unknown assignment" })),
+        )
+            .into_response(),
         Err(e) => internal(e),
     }
 }

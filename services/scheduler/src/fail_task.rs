@@ -4,18 +4,29 @@
 
 use jr_bus::{Bus, Delivery, Disposition, PublishOnce};
 use jr_forge::ForgeClient;
-use jr_protocol::{Envelope, FailTask, Kind, Message, STREAM_EVENTS, TaskFailed, TaskResult, Terminal, TerminalSource, subject};
+use jr_protocol::{
+    Envelope, FailTask, Kind, Message, STREAM_EVENTS, TaskFailed, TaskResult, Terminal,
+    TerminalSource, subject,
+};
 use std::time::Duration;
 
 use crate::forge_report::report_failure;
 
 fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 pub async fn handle(bus: &Bus, forge: &ForgeClient, delivery: Delivery) -> Disposition {
     let envelope = delivery.envelope;
-    let Message::FailTask(FailTask { forge_task_id, backend, reason }) = envelope.message else {
+    let Message::FailTask(FailTask {
+        forge_task_id,
+        backend,
+        reason,
+    }) = envelope.message
+    else {
         return Disposition::Term(format!("{} is not a fail-task command", envelope.kind()));
     };
     let id = envelope.assignment_id;
@@ -32,11 +43,20 @@ pub async fn handle(bus: &Bus, forge: &ForgeClient, delivery: Delivery) -> Dispo
             reason: Some(reason.clone()),
         }),
     );
-    match bus.publish_once(&subject::event(&backend, id, Kind::Terminal), &terminal).await {
+    match bus
+        .publish_once(&subject::event(&backend, id, Kind::Terminal), &terminal)
+        .await
+    {
         Ok(PublishOnce::Published { .. }) => {}
         // Our own earlier attempt: finished already if task-failed exists, else resume it.
         Ok(PublishOnce::Duplicate { .. }) => {
-            match bus.last_on_subject(STREAM_EVENTS, &subject::event(&backend, id, Kind::TaskFailed)).await {
+            match bus
+                .last_on_subject(
+                    STREAM_EVENTS,
+                    &subject::event(&backend, id, Kind::TaskFailed),
+                )
+                .await
+            {
                 Ok(Some(_)) => return Disposition::Ack,
                 Ok(None) => {}
                 Err(e) => {
@@ -55,21 +75,31 @@ pub async fn handle(bus: &Bus, forge: &ForgeClient, delivery: Delivery) -> Dispo
         }
     }
     match report_failure(forge, forge_task_id, std::slice::from_ref(&reason)).await {
-        Ok(result) => tracing::info!(assignment = %id, task = forge_task_id, ?result, %reason, "failure reported to the forge"),
+        Ok(result) => {
+            tracing::info!(assignment = %id, task = forge_task_id, ?result, %reason, "failure reported to the forge")
+        }
         Err(e) if e.is_retryable() => {
             tracing::warn!(assignment = %id, error = %e, "forge unavailable; retrying fail-task");
             return Disposition::Nak(Some(Duration::from_secs(5)));
         }
-        Err(e) => tracing::warn!(assignment = %id, error = %e, "forge refused the failure report; the task stays failed here"),
+        Err(e) => {
+            tracing::warn!(assignment = %id, error = %e, "forge refused the failure report; the task stays failed here")
+        }
     }
     let failed = Envelope::new(
         format!("task-failed:{id}"),
         now_ms(),
         id,
         envelope.attempt,
-        Message::TaskFailed(TaskFailed { forge_task_id, reason }),
+        Message::TaskFailed(TaskFailed {
+            forge_task_id,
+            reason,
+        }),
     );
-    match bus.publish(&subject::event(&backend, id, Kind::TaskFailed), &failed).await {
+    match bus
+        .publish(&subject::event(&backend, id, Kind::TaskFailed), &failed)
+        .await
+    {
         Ok(_) => Disposition::Ack,
         Err(e) => {
             tracing::warn!(assignment = %id, error = %e, "cannot publish task-failed; retrying");

@@ -47,7 +47,10 @@ pub enum FetchError {
 }
 
 fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 fn jittered(base: Duration) -> Duration {
@@ -68,10 +71,20 @@ fn context_string(task: &Task, key: &str) -> String {
 
 impl Dispatcher {
     /// The assignment message of attempt 1 for `task` routed to `backend`.
-    pub fn assignment_envelope(&self, task: &Task, backend: &BackendName, labels: Vec<String>, job_name: String) -> Result<Envelope, crate::seal::SealError> {
+    pub fn assignment_envelope(
+        &self,
+        task: &Task,
+        backend: &BackendName,
+        labels: Vec<String>,
+        job_name: String,
+    ) -> Result<Envelope, crate::seal::SealError> {
         let id = AssignmentId::for_task(&self.forge_instance, task.id);
         let sealed_task = self.sealer.seal(id, &task.encode_to_vec())?;
-        let max = self.max_duration.get(backend).copied().unwrap_or(Duration::from_secs(3 * 3600));
+        let max = self
+            .max_duration
+            .get(backend)
+            .copied()
+            .unwrap_or(Duration::from_secs(3 * 3600));
         let fetched_at = now_ms();
         let assignment = Assignment {
             forge_instance: self.forge_instance.clone(),
@@ -85,7 +98,13 @@ impl Dispatcher {
             fetched_at,
             sealed_task,
         };
-        Ok(Envelope::new(format!("assignment:{id}:1"), fetched_at, id, 1, Message::Assignment(assignment)))
+        Ok(Envelope::new(
+            format!("assignment:{id}:1"),
+            fetched_at,
+            id,
+            1,
+            Message::Assignment(assignment),
+        ))
     }
 
     /// Routes, seals and publishes one task; returns once it is durable in JetStream (or was
@@ -94,15 +113,30 @@ impl Dispatcher {
         let facts = job_facts(task.workflow_payload.as_deref());
         match self.router.route(&facts.runs_on) {
             Ok(backend) => {
-                let envelope = match self.assignment_envelope(&task, &backend, facts.runs_on, facts.job_name) {
+                let envelope = match self.assignment_envelope(
+                    &task,
+                    &backend,
+                    facts.runs_on,
+                    facts.job_name,
+                ) {
                     Ok(e) => e,
                     Err(e) => {
                         tracing::error!(task = task.id, error = %e, "cannot seal task");
-                        return self.report_unroutable(task.id, &format!("jetrunner cannot seal the task: {e}"), shutdown).await;
+                        return self
+                            .report_unroutable(
+                                task.id,
+                                &format!("jetrunner cannot seal the task: {e}"),
+                                shutdown,
+                            )
+                            .await;
                     }
                 };
                 let subject = subject::assignment(&backend, envelope.assignment_id);
-                match self.bus.publish_retrying(&subject, &envelope, shutdown).await {
+                match self
+                    .bus
+                    .publish_retrying(&subject, &envelope, shutdown)
+                    .await
+                {
                     Ok(outcome) => {
                         if outcome.duplicate {
                             self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
@@ -110,19 +144,28 @@ impl Dispatcher {
                         self.stats.dispatched.fetch_add(1, Ordering::Relaxed);
                         tracing::info!(task = task.id, assignment = %envelope.assignment_id, %backend, seq = outcome.stream_seq, "assignment dispatched");
                     }
-                    Err(jr_bus::BusError::ShutDown) => tracing::warn!(task = task.id, "dispatch abandoned at shutdown; the forge's reaper will fail the task"),
+                    Err(jr_bus::BusError::ShutDown) => tracing::warn!(
+                        task = task.id,
+                        "dispatch abandoned at shutdown; the forge's reaper will fail the task"
+                    ),
                     // Not transient (e.g. larger than the server's max_payload): retrying cannot
                     // help, so the job fails now with the reason instead of vanishing.
                     Err(e) => {
                         tracing::error!(task = task.id, error = %e, "assignment cannot be published");
-                        self.report_unroutable(task.id, &format!("jetrunner cannot publish the assignment: {e}"), shutdown).await;
+                        self.report_unroutable(
+                            task.id,
+                            &format!("jetrunner cannot publish the assignment: {e}"),
+                            shutdown,
+                        )
+                        .await;
                     }
                 }
             }
             Err(no_route) => {
                 self.stats.unroutable.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(task = task.id, error = %no_route, "unroutable task");
-                self.report_unroutable(task.id, &no_route.to_string(), shutdown).await;
+                self.report_unroutable(task.id, &no_route.to_string(), shutdown)
+                    .await;
             }
         }
     }
@@ -133,7 +176,9 @@ impl Dispatcher {
         loop {
             match report_failure(&self.forge, task_id, &lines).await {
                 Ok(_) => return,
-                Err(e) if e.is_retryable() => tracing::warn!(task = task_id, error = %e, "reporting unroutable task failed; retrying"),
+                Err(e) if e.is_retryable() => {
+                    tracing::warn!(task = task_id, error = %e, "reporting unroutable task failed; retrying")
+                }
                 Err(e) => {
                     tracing::error!(task = task_id, error = %e, "forge refused the failure report");
                     return;
@@ -188,7 +233,10 @@ async fn fetch_loop(
 ) -> Result<(), FetchError> {
     let mut error_delay = pacing.poll_interval;
     // Spread the fetchers' first polls over one interval.
-    let mut wait = pacing.poll_interval.mul_f64(index as f64 / 8.0).min(pacing.poll_interval);
+    let mut wait = pacing
+        .poll_interval
+        .mul_f64(index as f64 / 8.0)
+        .min(pacing.poll_interval);
     loop {
         if !wait.is_zero() {
             tokio::select! {
@@ -200,7 +248,13 @@ async fn fetch_loop(
             return Ok(());
         }
         let sent = version.load(Ordering::Acquire);
-        match d.forge.fetch_task(&FetchTaskRequest { tasks_version: sent }).await {
+        match d
+            .forge
+            .fetch_task(&FetchTaskRequest {
+                tasks_version: sent,
+            })
+            .await
+        {
             Ok(reply) => {
                 error_delay = pacing.poll_interval;
                 if reply.tasks_version > sent {

@@ -1,26 +1,54 @@
 //! Reporting a final failure to the forge on jetrunner's own account: a task no backend can run,
 //! or a task whose workload was lost (`fail-task`).
 
-use jr_forge::proto::runner::v1::{LogRow, TaskState, UpdateLogRequest, UpdateTaskRequest};
 use jr_forge::proto::runner::v1::Result as ForgeResult;
+use jr_forge::proto::runner::v1::{LogRow, TaskState, UpdateLogRequest, UpdateTaskRequest};
 use jr_forge::{Code, ForgeClient, ForgeError};
 
 fn now_timestamp() -> prost_types::Timestamp {
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    prost_types::Timestamp { seconds: now.as_secs() as i64, nanos: now.subsec_nanos() as i32 }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    prost_types::Timestamp {
+        seconds: now.as_secs() as i64,
+        nanos: now.subsec_nanos() as i32,
+    }
 }
 
 /// Appends `lines` to the task's log, closes it, and reports `FAILURE`. Returns the result the
 /// forge holds afterwards (a task that was already final keeps its result).
-pub async fn report_failure(forge: &ForgeClient, task_id: i64, lines: &[String]) -> Result<ForgeResult, ForgeError> {
+pub async fn report_failure(
+    forge: &ForgeClient,
+    task_id: i64,
+    lines: &[String],
+) -> Result<ForgeResult, ForgeError> {
     // An empty UpdateLog returns how many rows the forge already stored, so the lines are
     // appended after them instead of being dropped as an overlap.
-    let ack = forge.update_log(&UpdateLogRequest { task_id, index: 0, rows: vec![], no_more: false }).await?.ack_index;
+    let ack = forge
+        .update_log(&UpdateLogRequest {
+            task_id,
+            index: 0,
+            rows: vec![],
+            no_more: false,
+        })
+        .await?
+        .ack_index;
     let rows = lines
         .iter()
-        .map(|l| LogRow { time: Some(now_timestamp()), content: format!("jetrunner: {l}") })
+        .map(|l| LogRow {
+            time: Some(now_timestamp()),
+            content: format!("jetrunner: {l}"),
+        })
         .collect();
-    match forge.update_log(&UpdateLogRequest { task_id, index: ack, rows, no_more: true }).await {
+    match forge
+        .update_log(&UpdateLogRequest {
+            task_id,
+            index: ack,
+            rows,
+            no_more: true,
+        })
+        .await
+    {
         Ok(_) => {}
         // The log is already archived (the task ended on the forge's side): nothing to add.
         Err(e) if e.code() == Some(Code::AlreadyExists) => {}
@@ -38,5 +66,8 @@ pub async fn report_failure(forge: &ForgeClient, task_id: i64, lines: &[String])
             outputs: Default::default(),
         })
         .await?;
-    Ok(reply.state.map(|s| s.result()).unwrap_or(ForgeResult::Failure))
+    Ok(reply
+        .state
+        .map(|s| s.result())
+        .unwrap_or(ForgeResult::Failure))
 }

@@ -7,14 +7,17 @@ use std::sync::Mutex;
 
 use jr_bus::{Bus, PublishOnce};
 use jr_protocol::{
-    AssignmentId, BackendName, Claimed, Envelope, ExecutorFinished, Kind, Message, STREAM_ASSIGNMENTS,
-    STREAM_EVENTS, Terminal, subject,
+    AssignmentId, BackendName, Claimed, Envelope, ExecutorFinished, Kind, Message,
+    STREAM_ASSIGNMENTS, STREAM_EVENTS, Terminal, subject,
 };
 
 use crate::facade::{AssignmentView, Ledger, LedgerError};
 
 fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 /// Facts that never change once seen are cached; everything else is read each time.
@@ -32,11 +35,19 @@ pub struct JetStreamLedger {
 
 impl JetStreamLedger {
     pub fn new(bus: Bus, backends: Vec<BackendName>) -> Self {
-        Self { bus, backends, sticky: Mutex::new(HashMap::new()) }
+        Self {
+            bus,
+            backends,
+            sticky: Mutex::new(HashMap::new()),
+        }
     }
 
     fn sticky(&self, id: AssignmentId) -> Sticky {
-        self.sticky.lock().ok().and_then(|m| m.get(&id).cloned()).unwrap_or_default()
+        self.sticky
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&id).cloned())
+            .unwrap_or_default()
     }
 
     fn remember(&self, id: AssignmentId, update: impl FnOnce(&mut Sticky)) {
@@ -49,15 +60,36 @@ impl JetStreamLedger {
     }
 
     async fn last(&self, stream: &str, subject: &str) -> Result<Option<Envelope>, LedgerError> {
-        self.bus.last_on_subject(stream, subject).await.map(|m| m.map(|(_, e)| e)).map_err(LedgerError::unavailable)
+        self.bus
+            .last_on_subject(stream, subject)
+            .await
+            .map(|m| m.map(|(_, e)| e))
+            .map_err(LedgerError::unavailable)
     }
 
-    async fn exists(&self, backend: &BackendName, id: AssignmentId, kind: Kind) -> Result<bool, LedgerError> {
-        Ok(self.last(STREAM_EVENTS, &subject::event(backend, id, kind)).await?.is_some())
+    async fn exists(
+        &self,
+        backend: &BackendName,
+        id: AssignmentId,
+        kind: Kind,
+    ) -> Result<bool, LedgerError> {
+        Ok(self
+            .last(STREAM_EVENTS, &subject::event(backend, id, kind))
+            .await?
+            .is_some())
     }
 
-    async fn publish_once(&self, view: &AssignmentView, kind: Kind, envelope: Envelope) -> Result<bool, LedgerError> {
-        match self.bus.publish_once(&subject::event(&view.backend, view.id, kind), &envelope).await {
+    async fn publish_once(
+        &self,
+        view: &AssignmentView,
+        kind: Kind,
+        envelope: Envelope,
+    ) -> Result<bool, LedgerError> {
+        match self
+            .bus
+            .publish_once(&subject::event(&view.backend, view.id, kind), &envelope)
+            .await
+        {
             Ok(PublishOnce::Published { .. } | PublishOnce::Duplicate { .. }) => Ok(true),
             Ok(PublishOnce::AlreadyExists { .. }) => Ok(false),
             Err(e) => Err(LedgerError::unavailable(e)),
@@ -68,16 +100,24 @@ impl JetStreamLedger {
 impl Ledger for JetStreamLedger {
     async fn lookup(&self, id: AssignmentId) -> Result<Option<AssignmentView>, LedgerError> {
         for backend in &self.backends {
-            let Some(envelope) = self.last(STREAM_ASSIGNMENTS, &subject::assignment(backend, id)).await? else {
+            let Some(envelope) = self
+                .last(STREAM_ASSIGNMENTS, &subject::assignment(backend, id))
+                .await?
+            else {
                 continue;
             };
             let Message::Assignment(assignment) = envelope.message else {
-                return Err(LedgerError::Invalid(format!("{} on an assignment subject", envelope.kind())));
+                return Err(LedgerError::Invalid(format!(
+                    "{} on an assignment subject",
+                    envelope.kind()
+                )));
             };
             let attempt = envelope.attempt;
             let mut token_hash = None;
             for kind in [Kind::WorkloadCreated, Kind::WorkloadRequested] {
-                if let Some(e) = self.last(STREAM_EVENTS, &subject::event(backend, id, kind)).await?
+                if let Some(e) = self
+                    .last(STREAM_EVENTS, &subject::event(backend, id, kind))
+                    .await?
                     && e.attempt == attempt
                 {
                     token_hash = match e.message {
@@ -114,21 +154,37 @@ impl Ledger for JetStreamLedger {
         Ok(None)
     }
 
-    async fn publish_claimed(&self, view: &AssignmentView, executor: &str) -> Result<bool, LedgerError> {
+    async fn publish_claimed(
+        &self,
+        view: &AssignmentView,
+        executor: &str,
+    ) -> Result<bool, LedgerError> {
         // A unique id per call: two facade replicas racing must not look like one re-send.
         let envelope = Envelope::new(
-            format!("claimed:{}:{}:{}", view.id, view.attempt, uuid::Uuid::new_v4()),
+            format!(
+                "claimed:{}:{}:{}",
+                view.id,
+                view.attempt,
+                uuid::Uuid::new_v4()
+            ),
             now_ms(),
             view.id,
             view.attempt,
-            Message::Claimed(Claimed { forge_task_id: view.forge_task_id, executor: executor.to_owned() }),
+            Message::Claimed(Claimed {
+                forge_task_id: view.forge_task_id,
+                executor: executor.to_owned(),
+            }),
         );
         let won = self.publish_once(view, Kind::Claimed, envelope).await?;
         self.remember(view.id, |s| s.claimed = true);
         Ok(won)
     }
 
-    async fn publish_terminal(&self, view: &AssignmentView, terminal: Terminal) -> Result<bool, LedgerError> {
+    async fn publish_terminal(
+        &self,
+        view: &AssignmentView,
+        terminal: Terminal,
+    ) -> Result<bool, LedgerError> {
         let envelope = Envelope::new(
             format!("terminal:{}:executor", view.id),
             now_ms(),
@@ -147,10 +203,15 @@ impl Ledger for JetStreamLedger {
             now_ms(),
             view.id,
             view.attempt,
-            Message::ExecutorFinished(ExecutorFinished { forge_task_id: view.forge_task_id }),
+            Message::ExecutorFinished(ExecutorFinished {
+                forge_task_id: view.forge_task_id,
+            }),
         );
         self.bus
-            .publish(&subject::event(&view.backend, view.id, Kind::ExecutorFinished), &envelope)
+            .publish(
+                &subject::event(&view.backend, view.id, Kind::ExecutorFinished),
+                &envelope,
+            )
             .await
             .map(|_| ())
             .map_err(LedgerError::unavailable)

@@ -2,9 +2,16 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 fn main() -> ExitCode {
-    jr_service::main("scheduler", |c| c.scheduler.ops_listen, &["nats", "forge", "facade"], |p| async move {
-        let readiness = p.readiness.clone();
-        let ready: jr_scheduler::service::ReadyFn = Arc::new(move |check, ok| readiness.set(check, ok));
-        jr_scheduler::service::run(p.config, p.bus, ready, Some(&p.metrics), p.shutdown.token()).await
-    })
+    jr_service::main(
+        "scheduler",
+        |c| c.scheduler.ops_listen,
+        &["nats", "forge", "facade"],
+        |p| async move {
+            let readiness = p.readiness.clone();
+            let ready: jr_scheduler::service::ReadyFn =
+                Arc::new(move |check, ok| readiness.set(check, ok));
+            jr_scheduler::service::run(p.config, p.bus, ready, Some(&p.metrics), p.shutdown.token())
+                .await
+        },
+    )
 }

@@ -22,7 +22,12 @@ impl<L: Ledger> std::fmt::Debug for SchedulerCollector<L> {
     }
 }
 
-fn counter(encoder: &mut DescriptorEncoder, name: &str, help: &str, value: u64) -> Result<(), std::fmt::Error> {
+fn counter(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    value: u64,
+) -> Result<(), std::fmt::Error> {
     let c = ConstCounter::new(value);
     let metric = encoder.encode_descriptor(name, help, None, c.metric_type())?;
     c.encode(metric)
@@ -32,29 +37,104 @@ impl<L: Ledger> Collector for SchedulerCollector<L> {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let d = &self.dispatcher.stats;
         let e = &mut encoder;
-        counter(e, "scheduler_tasks_fetched", "Tasks received from the forge", d.fetched.load(Ordering::Relaxed))?;
-        counter(e, "scheduler_assignments_dispatched", "Assignments made durable in JetStream", d.dispatched.load(Ordering::Relaxed))?;
-        counter(e, "scheduler_assignments_duplicate", "Dispatches JetStream recognised as repeats", d.duplicates.load(Ordering::Relaxed))?;
-        counter(e, "scheduler_tasks_unroutable", "Tasks no backend serves, failed at the forge", d.unroutable.load(Ordering::Relaxed))?;
-        counter(e, "scheduler_fetch_errors", "FetchTask calls that failed", d.fetch_errors.load(Ordering::Relaxed))?;
+        counter(
+            e,
+            "scheduler_tasks_fetched",
+            "Tasks received from the forge",
+            d.fetched.load(Ordering::Relaxed),
+        )?;
+        counter(
+            e,
+            "scheduler_assignments_dispatched",
+            "Assignments made durable in JetStream",
+            d.dispatched.load(Ordering::Relaxed),
+        )?;
+        counter(
+            e,
+            "scheduler_assignments_duplicate",
+            "Dispatches JetStream recognised as repeats",
+            d.duplicates.load(Ordering::Relaxed),
+        )?;
+        counter(
+            e,
+            "scheduler_tasks_unroutable",
+            "Tasks no backend serves, failed at the forge",
+            d.unroutable.load(Ordering::Relaxed),
+        )?;
+        counter(
+            e,
+            "scheduler_fetch_errors",
+            "FetchTask calls that failed",
+            d.fetch_errors.load(Ordering::Relaxed),
+        )?;
         let f = self.facade.stats();
         {
             let c = ConstCounter::new(0u64);
-            let mut family = e.encode_descriptor("facade_auth_refusals", "Executor calls refused as unauthenticated, by reason", None, c.metric_type())?;
+            let mut family = e.encode_descriptor(
+                "facade_auth_refusals",
+                "Executor calls refused as unauthenticated, by reason",
+                None,
+                c.metric_type(),
+            )?;
             for (reason, n) in &f.auth_refusals {
                 let labels = [("reason", reason.as_str())];
                 ConstCounter::new(*n).encode(family.encode_family(&labels)?)?;
             }
         }
-        counter(e, "facade_claims_won", "Tasks handed to their executor", f.claims_won)?;
-        counter(e, "facade_claims_lost", "FetchTask calls that lost the once-only claim", f.claims_lost)?;
-        counter(e, "facade_fetches_pending", "FetchTask answered 'no task yet'", f.fetches_pending)?;
-        counter(e, "facade_permission_denied", "Calls for another task or before the claim", f.permission_denied)?;
-        counter(e, "facade_terminals", "Final results accepted by the forge", f.terminals_published)?;
-        counter(e, "facade_forwarded_calls", "UpdateTask/UpdateLog calls forwarded to the forge", f.forwarded_calls)?;
-        counter(e, "facade_forward_errors", "Forwarded calls answered with an error", f.forward_errors)?;
-        counter(e, "facade_proxied_requests", "Artifact/cache requests proxied to the forge", f.proxied_requests)?;
-        counter(e, "facade_ledger_errors", "JetStream lookups or publishes of the facade that failed", f.ledger_errors)?;
+        counter(
+            e,
+            "facade_claims_won",
+            "Tasks handed to their executor",
+            f.claims_won,
+        )?;
+        counter(
+            e,
+            "facade_claims_lost",
+            "FetchTask calls that lost the once-only claim",
+            f.claims_lost,
+        )?;
+        counter(
+            e,
+            "facade_fetches_pending",
+            "FetchTask answered 'no task yet'",
+            f.fetches_pending,
+        )?;
+        counter(
+            e,
+            "facade_permission_denied",
+            "Calls for another task or before the claim",
+            f.permission_denied,
+        )?;
+        counter(
+            e,
+            "facade_terminals",
+            "Final results accepted by the forge",
+            f.terminals_published,
+        )?;
+        counter(
+            e,
+            "facade_forwarded_calls",
+            "UpdateTask/UpdateLog calls forwarded to the forge",
+            f.forwarded_calls,
+        )?;
+        counter(
+            e,
+            "facade_forward_errors",
+            "Forwarded calls answered with an error",
+            f.forward_errors,
+        )?;
+        counter(
+            e,
+            "facade_proxied_requests",
+            "Artifact/cache requests proxied to the forge",
+            f.proxied_requests,
+        )?;
+        counter(
+            e,
+            "facade_ledger_errors",
+            "JetStream lookups or publishes of the facade that failed",
+            f.ledger_errors,
+        )?;
         Ok(())
     }
 }

@@ -43,11 +43,18 @@ struct StoredCredentials {
 }
 
 fn read_stored(path: &Path) -> Result<Option<Credentials>, RegistrationError> {
-    let err = |message: String| RegistrationError::CredentialsFile { path: path.display().to_string(), message };
+    let err = |message: String| RegistrationError::CredentialsFile {
+        path: path.display().to_string(),
+        message,
+    };
     match std::fs::read_to_string(path) {
         Ok(text) => {
-            let stored: StoredCredentials = serde_json::from_str(&text).map_err(|e| err(e.to_string()))?;
-            Ok(Some(Credentials { uuid: stored.uuid, token: stored.token }))
+            let stored: StoredCredentials =
+                serde_json::from_str(&text).map_err(|e| err(e.to_string()))?;
+            Ok(Some(Credentials {
+                uuid: stored.uuid,
+                token: stored.token,
+            }))
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(err(e.to_string())),
@@ -56,27 +63,44 @@ fn read_stored(path: &Path) -> Result<Option<Credentials>, RegistrationError> {
 
 /// Writes atomically (temp file + rename), readable by the owner only.
 fn write_stored(path: &Path, creds: &Credentials, id: i64) -> Result<(), RegistrationError> {
-    let err = |message: String| RegistrationError::CredentialsFile { path: path.display().to_string(), message };
+    let err = |message: String| RegistrationError::CredentialsFile {
+        path: path.display().to_string(),
+        message,
+    };
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| err(e.to_string()))?;
     }
-    let text = serde_json::to_string_pretty(&StoredCredentials { uuid: creds.uuid.clone(), token: creds.token.clone(), id })
-        .map_err(|e| err(e.to_string()))?;
+    let text = serde_json::to_string_pretty(&StoredCredentials {
+        uuid: creds.uuid.clone(),
+        token: creds.token.clone(),
+        id,
+    })
+    .map_err(|e| err(e.to_string()))?;
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, text).map_err(|e| err(e.to_string()))?;
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600)).map_err(|e| err(e.to_string()))?;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| err(e.to_string()))?;
     }
     std::fs::rename(&tmp, path).map_err(|e| err(e.to_string()))
 }
 
 /// Waits until the forge answers Ping, retrying with capped backoff (the forge may be starting).
-async fn wait_for_forge(client: &ForgeClient, name: &str, shutdown: &CancellationToken) -> Result<(), RegistrationError> {
+async fn wait_for_forge(
+    client: &ForgeClient,
+    name: &str,
+    shutdown: &CancellationToken,
+) -> Result<(), RegistrationError> {
     let mut delay = Duration::from_millis(200);
     loop {
-        match client.ping(&PingRequest { data: name.to_owned() }).await {
+        match client
+            .ping(&PingRequest {
+                data: name.to_owned(),
+            })
+            .await
+        {
             Ok(_) => return Ok(()),
             Err(e) => tracing::warn!(error = %e, retry_in = ?delay, "forge not reachable yet"),
         }
@@ -94,12 +118,20 @@ pub async fn establish(
     labels: &[String],
     shutdown: &CancellationToken,
 ) -> Result<ForgeClient, RegistrationError> {
-    let anonymous = ForgeClient::new(&cfg.url, None, cfg.request_timeout).map_err(RegistrationError::Client)?;
+    let anonymous =
+        ForgeClient::new(&cfg.url, None, cfg.request_timeout).map_err(RegistrationError::Client)?;
     wait_for_forge(&anonymous, &cfg.runner_name, shutdown).await?;
 
     let configured = match &cfg.runner_uuid {
-        Some(uuid) => jr_config::read_secret("forge.runner_token", &cfg.runner_token, &cfg.runner_token_file)?
-            .map(|token| Credentials { uuid: uuid.clone(), token }),
+        Some(uuid) => jr_config::read_secret(
+            "forge.runner_token",
+            &cfg.runner_token,
+            &cfg.runner_token_file,
+        )?
+        .map(|token| Credentials {
+            uuid: uuid.clone(),
+            token,
+        }),
         None => None,
     };
     let creds = match configured {
@@ -124,7 +156,10 @@ pub async fn establish(
                     .await
                     .map_err(RegistrationError::Refused)?;
                 let runner = reply.runner.unwrap_or_default();
-                let creds = Credentials { uuid: runner.uuid, token: runner.token };
+                let creds = Credentials {
+                    uuid: runner.uuid,
+                    token: runner.token,
+                };
                 write_stored(&cfg.credentials_file, &creds, runner.id)?;
                 tracing::info!(uuid = %creds.uuid, file = %cfg.credentials_file.display(), "registered with the forge");
                 creds
@@ -133,7 +168,11 @@ pub async fn establish(
     };
 
     let client = anonymous.with_credentials(creds.clone());
-    let declare = DeclareRequest { version: RUNNER_VERSION.to_owned(), labels: labels.to_vec(), ..Default::default() };
+    let declare = DeclareRequest {
+        version: RUNNER_VERSION.to_owned(),
+        labels: labels.to_vec(),
+        ..Default::default()
+    };
     let mut delay = Duration::from_millis(200);
     loop {
         match client.declare(&declare).await {
@@ -150,7 +189,10 @@ pub async fn establish(
                         cfg.credentials_file.display()
                     )
                 };
-                return Err(RegistrationError::Unregistered { uuid: creds.uuid, remedy });
+                return Err(RegistrationError::Unregistered {
+                    uuid: creds.uuid,
+                    remedy,
+                });
             }
             Err(e) if e.is_retryable() => tracing::warn!(error = %e, "declare failed; retrying"),
             Err(e) => return Err(RegistrationError::Refused(e)),

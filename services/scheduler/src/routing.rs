@@ -30,7 +30,10 @@ impl Router {
             .rules
             .iter()
             .filter_map(|r| {
-                enabled.iter().find(|b| b.as_str() == r.backend).map(|b| (r.label.clone(), b.clone()))
+                enabled
+                    .iter()
+                    .find(|b| b.as_str() == r.backend)
+                    .map(|b| (r.label.clone(), b.clone()))
             })
             .collect();
         let default = config
@@ -38,11 +41,17 @@ impl Router {
             .default_backend
             .as_ref()
             .and_then(|d| enabled.iter().find(|b| b.as_str() == d).cloned());
-        let mut declared: Vec<String> =
-            config.enabled_backends().flat_map(|(n, b)| b.declared_labels(n.as_str())).collect();
+        let mut declared: Vec<String> = config
+            .enabled_backends()
+            .flat_map(|(n, b)| b.declared_labels(n.as_str()))
+            .collect();
         declared.sort();
         declared.dedup();
-        Self { rules, default, declared }
+        Self {
+            rules,
+            default,
+            declared,
+        }
     }
 
     /// Labels to `Declare` to the forge: the union over enabled backends.
@@ -56,7 +65,10 @@ impl Router {
             .find(|(label, _)| labels.iter().any(|l| l == label))
             .map(|(_, b)| b.clone())
             .or_else(|| self.default.clone())
-            .ok_or_else(|| NoRoute { labels: labels.to_vec(), declared: self.declared.clone() })
+            .ok_or_else(|| NoRoute {
+                labels: labels.to_vec(),
+                declared: self.declared.clone(),
+            })
     }
 }
 
@@ -70,22 +82,31 @@ pub struct JobFacts {
 /// Reads `jobs.<id>.runs-on` (a string or a list) and the job id from the workflow YAML.
 /// Malformed payloads give empty facts: routing then reports a clear failure to the forge.
 pub fn job_facts(workflow_payload: Option<&[u8]>) -> JobFacts {
-    let Some(bytes) = workflow_payload else { return JobFacts::default() };
+    let Some(bytes) = workflow_payload else {
+        return JobFacts::default();
+    };
     let Ok(doc) = serde_yaml::from_slice::<serde_yaml::Value>(bytes) else {
         return JobFacts::default();
     };
-    let Some((name, job)) = doc.get("jobs").and_then(|j| j.as_mapping()).and_then(|m| m.iter().next())
+    let Some((name, job)) = doc
+        .get("jobs")
+        .and_then(|j| j.as_mapping())
+        .and_then(|m| m.iter().next())
     else {
         return JobFacts::default();
     };
     let runs_on = match job.get("runs-on") {
         Some(serde_yaml::Value::String(s)) => vec![s.clone()],
-        Some(serde_yaml::Value::Sequence(items)) => {
-            items.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect()
-        }
+        Some(serde_yaml::Value::Sequence(items)) => items
+            .iter()
+            .filter_map(|v| v.as_str().map(str::to_owned))
+            .collect(),
         _ => Vec::new(),
     };
-    JobFacts { job_name: name.as_str().unwrap_or_default().to_owned(), runs_on }
+    JobFacts {
+        job_name: name.as_str().unwrap_or_default().to_owned(),
+        runs_on,
+    }
 }
 
 #[cfg(test)]
@@ -132,8 +153,15 @@ opensandbox = {{ url = "http://o" }}
     #[test]
     fn first_matching_rule_wins() {
         let r = Router::from_config(&config(""));
-        assert_eq!(r.route(&labels(&["self-hosted", "vm"])).map(|b| b.to_string()), Ok("vm".into()));
-        assert_eq!(r.route(&labels(&["pod"])).map(|b| b.to_string()), Ok("pod".into()));
+        assert_eq!(
+            r.route(&labels(&["self-hosted", "vm"]))
+                .map(|b| b.to_string()),
+            Ok("vm".into())
+        );
+        assert_eq!(
+            r.route(&labels(&["pod"])).map(|b| b.to_string()),
+            Ok("pod".into())
+        );
         assert_eq!(r.declared_labels(), labels(&["pod", "self-hosted", "vm"]));
     }
 
@@ -157,8 +185,16 @@ opensandbox = {{ url = "http://o" }}
 
     #[test]
     fn runs_on_is_read_as_string_or_list() {
-        let one = job_facts(Some(b"name: w\non: push\njobs:\n  build:\n    runs-on: vm\n    steps: []\n"));
-        assert_eq!(one, JobFacts { job_name: "build".into(), runs_on: labels(&["vm"]) });
+        let one = job_facts(Some(
+            b"name: w\non: push\njobs:\n  build:\n    runs-on: vm\n    steps: []\n",
+        ));
+        assert_eq!(
+            one,
+            JobFacts {
+                job_name: "build".into(),
+                runs_on: labels(&["vm"])
+            }
+        );
         let many = job_facts(Some(b"jobs:\n  t:\n    runs-on: [pod, self-hosted]\n"));
         assert_eq!(many.runs_on, labels(&["pod", "self-hosted"]));
         assert_eq!(job_facts(Some(b"\x00not yaml: [")), JobFacts::default());

@@ -17,7 +17,9 @@ pub enum SealError {
     BadKey(String),
     #[error("no seal key with id {0:?}")]
     UnknownKey(String),
-    #[error("sealed task does not open with key {0:?} (tampered, or sealed for another assignment)")]
+    #[error(
+        "sealed task does not open with key {0:?} (tampered, or sealed for another assignment)"
+    )]
     Open(String),
     #[error("no seal keys configured")]
     NoKeys,
@@ -31,7 +33,10 @@ pub struct Sealer {
 
 impl std::fmt::Debug for Sealer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Sealer").field("current", &self.current).field("keys", &self.keys.keys()).finish()
+        f.debug_struct("Sealer")
+            .field("current", &self.current)
+            .field("keys", &self.keys.keys())
+            .finish()
     }
 }
 
@@ -46,8 +51,8 @@ impl Sealer {
             let raw = base64::engine::general_purpose::STANDARD
                 .decode(b64.trim())
                 .map_err(|_| SealError::BadKey(id.clone()))?;
-            let cipher =
-                XChaCha20Poly1305::new_from_slice(&raw).map_err(|_| SealError::BadKey(id.clone()))?;
+            let cipher = XChaCha20Poly1305::new_from_slice(&raw)
+                .map_err(|_| SealError::BadKey(id.clone()))?;
             if raw.len() != 32 {
                 return Err(SealError::BadKey(id.clone()));
             }
@@ -56,7 +61,10 @@ impl Sealer {
         if !ciphers.contains_key(current) {
             return Err(SealError::UnknownKey(current.to_owned()));
         }
-        Ok(Self { current: current.to_owned(), keys: ciphers })
+        Ok(Self {
+            current: current.to_owned(),
+            keys: ciphers,
+        })
     }
 
     /// A fresh random key, base64 (for development configs and tests).
@@ -66,26 +74,53 @@ impl Sealer {
         base64::engine::general_purpose::STANDARD.encode(key)
     }
 
-    pub fn seal(&self, assignment: AssignmentId, plaintext: &[u8]) -> Result<SealedTask, SealError> {
-        let cipher = self.keys.get(&self.current).ok_or_else(|| SealError::UnknownKey(self.current.clone()))?;
+    pub fn seal(
+        &self,
+        assignment: AssignmentId,
+        plaintext: &[u8],
+    ) -> Result<SealedTask, SealError> {
+        let cipher = self
+            .keys
+            .get(&self.current)
+            .ok_or_else(|| SealError::UnknownKey(self.current.clone()))?;
         let mut nonce = [0u8; 24];
         rand::rng().fill_bytes(&mut nonce);
         let aad = assignment.0.as_bytes();
         let ciphertext = cipher
-            .encrypt(XNonce::from_slice(&nonce), Payload { msg: plaintext, aad })
+            .encrypt(
+                XNonce::from_slice(&nonce),
+                Payload {
+                    msg: plaintext,
+                    aad,
+                },
+            )
             .map_err(|_| SealError::Open(self.current.clone()))?;
-        Ok(SealedTask { key_id: self.current.clone(), nonce: nonce.to_vec(), ciphertext })
+        Ok(SealedTask {
+            key_id: self.current.clone(),
+            nonce: nonce.to_vec(),
+            ciphertext,
+        })
     }
 
-    pub fn open(&self, assignment: AssignmentId, sealed: &SealedTask) -> Result<Vec<u8>, SealError> {
-        let cipher = self.keys.get(&sealed.key_id).ok_or_else(|| SealError::UnknownKey(sealed.key_id.clone()))?;
+    pub fn open(
+        &self,
+        assignment: AssignmentId,
+        sealed: &SealedTask,
+    ) -> Result<Vec<u8>, SealError> {
+        let cipher = self
+            .keys
+            .get(&sealed.key_id)
+            .ok_or_else(|| SealError::UnknownKey(sealed.key_id.clone()))?;
         if sealed.nonce.len() != 24 {
             return Err(SealError::Open(sealed.key_id.clone()));
         }
         cipher
             .decrypt(
                 XNonce::from_slice(&sealed.nonce),
-                Payload { msg: &sealed.ciphertext, aad: assignment.0.as_bytes() },
+                Payload {
+                    msg: &sealed.ciphertext,
+                    aad: assignment.0.as_bytes(),
+                },
             )
             .map_err(|_| SealError::Open(sealed.key_id.clone()))
     }
@@ -96,7 +131,10 @@ mod tests {
     use super::*;
 
     fn keys(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
@@ -107,7 +145,10 @@ mod tests {
         let sealed = s.seal(a, b"secret task").expect("seal");
         assert!(!sealed.ciphertext.windows(6).any(|w| w == b"secret"));
         assert_eq!(s.open(a, &sealed).expect("open"), b"secret task");
-        assert!(matches!(s.open(AssignmentId::for_task("f", 2), &sealed), Err(SealError::Open(_))));
+        assert!(matches!(
+            s.open(AssignmentId::for_task("f", 2), &sealed),
+            Err(SealError::Open(_))
+        ));
         let mut tampered = sealed.clone();
         tampered.ciphertext[0] ^= 1;
         assert!(s.open(a, &tampered).is_err());
@@ -126,7 +167,13 @@ mod tests {
 
     #[test]
     fn bad_keys_are_refused() {
-        assert!(matches!(Sealer::new("k", &keys(&[("k", "c2hvcnQ=")])), Err(SealError::BadKey(_))));
-        assert!(matches!(Sealer::new("x", &keys(&[("k", &Sealer::generate_key())])), Err(SealError::UnknownKey(_))));
+        assert!(matches!(
+            Sealer::new("k", &keys(&[("k", "c2hvcnQ=")])),
+            Err(SealError::BadKey(_))
+        ));
+        assert!(matches!(
+            Sealer::new("x", &keys(&[("k", &Sealer::generate_key())])),
+            Err(SealError::UnknownKey(_))
+        ));
     }
 }

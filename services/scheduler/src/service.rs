@@ -28,9 +28,10 @@ pub fn sealer_from_config(config: &Config) -> anyhow::Result<Sealer> {
     let s = &config.scheduler;
     let mut keys: BTreeMap<String, String> = s.seal_keys.clone();
     if let Some(path) = &s.seal_keys_file {
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading scheduler.seal_keys_file {}", path.display()))?;
-        let table: BTreeMap<String, String> =
-            toml::from_str(&text).with_context(|| format!("{}: expected `key_id = \"base64\"` lines", path.display()))?;
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading scheduler.seal_keys_file {}", path.display()))?;
+        let table: BTreeMap<String, String> = toml::from_str(&text)
+            .with_context(|| format!("{}: expected `key_id = \"base64\"` lines", path.display()))?;
         keys.extend(table);
     }
     let current = s
@@ -43,7 +44,9 @@ pub fn sealer_from_config(config: &Config) -> anyhow::Result<Sealer> {
 
 pub fn tls_from_config(config: &Config) -> anyhow::Result<Option<TlsSettings>> {
     let f = &config.facade;
-    let (Some(cert), Some(key)) = (&f.tls_cert_file, &f.tls_key_file) else { return Ok(None) };
+    let (Some(cert), Some(key)) = (&f.tls_cert_file, &f.tls_key_file) else {
+        return Ok(None);
+    };
     TlsSettings::from_pem_files(cert, key, f.trust_bundle_file.as_deref())
         .map(Some)
         .context("facade TLS settings")
@@ -62,20 +65,33 @@ pub async fn run(
     let sealer = Arc::new(sealer_from_config(&config)?);
     let tls = tls_from_config(&config)?;
     let commands = ConsumerSpec::scheduler_commands();
-    bus.ensure_topology(&Topology::new().replicas(config.nats.stream_replicas).consumer(commands.clone()))
-        .await
-        .context("declaring streams and consumers")?;
+    bus.ensure_topology(
+        &Topology::new()
+            .replicas(config.nats.stream_replicas)
+            .consumer(commands.clone()),
+    )
+    .await
+    .context("declaring streams and consumers")?;
     ready("nats", true);
 
-    let forge = crate::registration::establish(&config.forge, router.declared_labels(), &shutdown).await?;
+    let forge =
+        crate::registration::establish(&config.forge, router.declared_labels(), &shutdown).await?;
     ready("forge", true);
 
     let backends: Vec<_> = config.enabled_backends().map(|(n, _)| n).collect();
-    let max_duration = config.enabled_backends().map(|(n, b)| (n, b.max_duration)).collect();
+    let max_duration = config
+        .enabled_backends()
+        .map(|(n, b)| (n, b.max_duration))
+        .collect();
     let fetchers = config
         .forge
         .fetchers
-        .unwrap_or_else(|| config.enabled_backends().map(|(_, b)| b.capacity).sum::<usize>())
+        .unwrap_or_else(|| {
+            config
+                .enabled_backends()
+                .map(|(_, b)| b.capacity)
+                .sum::<usize>()
+        })
         .max(1);
     let dispatcher = Arc::new(Dispatcher {
         bus: bus.clone(),
@@ -98,7 +114,12 @@ pub async fn run(
         JetStreamLedger::new(bus.clone(), backends),
     )?);
     if let Some(metrics) = metrics {
-        metrics.registry().register_collector(Box::new(crate::metrics::SchedulerCollector { dispatcher: dispatcher.clone(), facade: facade.clone() }));
+        metrics
+            .registry()
+            .register_collector(Box::new(crate::metrics::SchedulerCollector {
+                dispatcher: dispatcher.clone(),
+                facade: facade.clone(),
+            }));
     }
     let listener = tokio::net::TcpListener::bind(config.facade.listen)
         .await
@@ -108,7 +129,9 @@ pub async fn run(
     let mut tasks = TaskSet::new(Shutdown::from(shutdown.clone()));
     {
         let (f, stop) = (facade.clone(), shutdown.clone());
-        tasks.spawn("facade", async move { serve(listener, f, tls, async move { stop.cancelled().await }).await });
+        tasks.spawn("facade", async move {
+            serve(listener, f, tls, async move { stop.cancelled().await }).await
+        });
     }
     {
         let (b, forge, stop) = (bus.clone(), forge.clone(), shutdown.clone());
@@ -127,11 +150,19 @@ pub async fn run(
         });
     }
     ready("facade", true);
-    let pacing = Pacing { poll_interval: config.forge.poll_interval, max_backoff: config.forge.max_backoff };
+    let pacing = Pacing {
+        poll_interval: config.forge.poll_interval,
+        max_backoff: config.forge.max_backoff,
+    };
     let fetched = run_fetchers(fetchers, dispatcher, pacing, shutdown.clone()).await;
     shutdown.cancel();
     let report = tasks.join_all(std::time::Duration::from_secs(15)).await;
     fetched?;
-    anyhow::ensure!(report.is_clean(), "scheduler tasks failed: {:?} unfinished: {:?}", report.failed, report.unfinished);
+    anyhow::ensure!(
+        report.is_clean(),
+        "scheduler tasks failed: {:?} unfinished: {:?}",
+        report.failed,
+        report.unfinished
+    );
     Ok(())
 }

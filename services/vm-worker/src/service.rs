@@ -11,11 +11,14 @@ use crate::opensandbox::{ClientConfig, SandboxClient};
 
 pub async fn run(p: Process) -> anyhow::Result<()> {
     let (settings, backend_cfg) =
-        settings_from_config(&p.config, &p.config.vm_worker, "vm_worker", "vm").map_err(anyhow::Error::msg)?;
-    let os = backend_cfg
-        .opensandbox
-        .as_ref()
-        .with_context(|| format!("backend.{}.opensandbox is required for vm-worker", settings.backend))?;
+        settings_from_config(&p.config, &p.config.vm_worker, "vm_worker", "vm")
+            .map_err(anyhow::Error::msg)?;
+    let os = backend_cfg.opensandbox.as_ref().with_context(|| {
+        format!(
+            "backend.{}.opensandbox is required for vm-worker",
+            settings.backend
+        )
+    })?;
     let api_key = jr_config::read_secret("opensandbox.api_key", &os.api_key, &os.api_key_file)?;
     let mut client_cfg = ClientConfig::new(os.url.clone(), api_key);
     client_cfg.create_timeout = os.create_timeout;
@@ -27,5 +30,11 @@ pub async fn run(p: Process) -> anyhow::Result<()> {
     let worker = Worker::new(p.bus, backend, settings);
     worker.metrics.register(&mut p.metrics.registry());
     let readiness = p.readiness.clone();
-    worker.run(move |ready| readiness.set("worker", ready), p.shutdown.token()).await.map_err(Into::into)
+    worker
+        .run(
+            move |ready| readiness.set("worker", ready),
+            p.shutdown.token(),
+        )
+        .await
+        .map_err(Into::into)
 }

@@ -73,7 +73,11 @@ impl ConsumerSpec {
     pub fn worker_assignments(backend: &BackendName) -> Self {
         Self {
             ack_wait: WORKER_ACK_WAIT,
-            ..Self::new(STREAM_ASSIGNMENTS, format!("{backend}-worker"), vec![subject::assignments_of(backend)])
+            ..Self::new(
+                STREAM_ASSIGNMENTS,
+                format!("{backend}-worker"),
+                vec![subject::assignments_of(backend)],
+            )
         }
     }
 

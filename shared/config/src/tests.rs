@@ -160,7 +160,12 @@ fn example_configs_in_the_repository_are_valid() {
 #[test]
 fn opensandbox_create_timeout_defaults_to_two_minutes_and_can_be_set() {
     let c = load_env(MINIMAL, &[]).expect("valid");
-    let timeout = |c: &Config| c.backend["vm"].opensandbox.as_ref().map(|o| o.create_timeout);
+    let timeout = |c: &Config| {
+        c.backend["vm"]
+            .opensandbox
+            .as_ref()
+            .map(|o| o.create_timeout)
+    };
     assert_eq!(timeout(&c), Some(std::time::Duration::from_secs(120)));
     let text = MINIMAL.replace(
         r#"opensandbox = { url = "http://127.0.0.1:8081" }"#,

@@ -17,7 +17,11 @@ use jr_telemetry::{LogFormat, Metrics, Readiness, Shutdown, TelemetryConfig};
 #[derive(Parser, Debug)]
 struct Args {
     /// The jetrunner configuration file (shared by all services).
-    #[arg(long, env = "JETRUNNER_CONFIG", default_value = "/etc/jetrunner/jetrunner.toml")]
+    #[arg(
+        long,
+        env = "JETRUNNER_CONFIG",
+        default_value = "/etc/jetrunner/jetrunner.toml"
+    )]
     config: PathBuf,
 }
 
@@ -50,7 +54,10 @@ where
             return ExitCode::from(2);
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("{service}: cannot start the async runtime: {e}");
@@ -64,7 +71,11 @@ where
                 jr_config::LogFormat::Json => LogFormat::Json,
                 jr_config::LogFormat::Pretty => LogFormat::Pretty,
             },
-            filter: config.telemetry.log_filter.clone().unwrap_or_else(|| "info".to_owned()),
+            filter: config
+                .telemetry
+                .log_filter
+                .clone()
+                .unwrap_or_else(|| "info".to_owned()),
             otlp_endpoint: config.telemetry.otlp_endpoint.clone(),
         };
         let guard = match jr_telemetry::init(telemetry) {
@@ -103,7 +114,11 @@ where
         let (m, r, s) = (metrics.clone(), readiness.clone(), shutdown.clone());
         tokio::spawn(async move { jr_telemetry::serve_ops(listen, m, r, s).await })
     };
-    let credentials = config.nats.credentials_file.clone().map(jr_bus::Credentials::File);
+    let credentials = config
+        .nats
+        .credentials_file
+        .clone()
+        .map(jr_bus::Credentials::File);
     let bus = match jr_bus::Bus::connect(&config.nats.url, service, credentials).await {
         Ok(b) => b,
         Err(e) => {
@@ -113,7 +128,13 @@ where
     };
     bus.metrics().register(&mut metrics.registry());
     tracing::info!(service, version = env!("CARGO_PKG_VERSION"), "starting");
-    let process = Process { config, bus, metrics, readiness, shutdown: shutdown.clone() };
+    let process = Process {
+        config,
+        bus,
+        metrics,
+        readiness,
+        shutdown: shutdown.clone(),
+    };
     let result = run(process).await;
     shutdown.trigger();
     signals.abort();

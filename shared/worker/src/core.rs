@@ -10,8 +10,8 @@ use jr_protocol::{
     Assignment, AssignmentId, BackendName, DeleteWorkload, Envelope, Kind, Message, Released,
     WorkloadCreated, WorkloadObserved, WorkloadPhase, WorkloadRequested, subject,
 };
-use tokio::sync::mpsc;
 use jr_telemetry::{Shutdown, TaskSet};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::{Backend, BackendError, ObservedWorkload, WorkloadSpec};
@@ -55,7 +55,10 @@ pub struct Worker<B: Backend> {
 }
 
 fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 impl<B: Backend> Worker<B> {
@@ -82,12 +85,19 @@ impl<B: Backend> Worker<B> {
     }
 
     pub fn topology(backend: &BackendName) -> (ConsumerSpec, ConsumerSpec) {
-        (ConsumerSpec::worker_assignments(backend), ConsumerSpec::worker_commands(backend))
+        (
+            ConsumerSpec::worker_assignments(backend),
+            ConsumerSpec::worker_commands(backend),
+        )
     }
 
     /// Runs until `shutdown`: recovery, then assignments, commands, observation and resync.
     /// `report(ready)` is called every 250 ms (readiness endpoint); the slot gauges follow too.
-    pub async fn run(self: Arc<Self>, report: impl Fn(bool) + Send + 'static, shutdown: CancellationToken) -> Result<(), WorkerError> {
+    pub async fn run(
+        self: Arc<Self>,
+        report: impl Fn(bool) + Send + 'static,
+        shutdown: CancellationToken,
+    ) -> Result<(), WorkerError> {
         let (assignments, commands) = Self::topology(&self.settings.backend);
         self.metrics.slots_total.set(self.settings.capacity as i64);
         let mut tasks = TaskSet::new(Shutdown::from(shutdown.clone()));
@@ -95,7 +105,9 @@ impl<B: Backend> Worker<B> {
             let (me, stop) = (self.clone(), shutdown.clone());
             tasks.spawn("reporter", async move {
                 loop {
-                    me.metrics.slots_used.set(me.slots.used().min(me.settings.capacity) as i64);
+                    me.metrics
+                        .slots_used
+                        .set(me.slots.used().min(me.settings.capacity) as i64);
                     report(me.is_ready());
                     tokio::select! {
                         _ = stop.cancelled() => return,
@@ -104,13 +116,23 @@ impl<B: Backend> Worker<B> {
                 }
             });
         }
-        self.bus.ensure_topology(&Topology::new().consumer(assignments.clone()).consumer(commands.clone())).await?;
+        self.bus
+            .ensure_topology(
+                &Topology::new()
+                    .consumer(assignments.clone())
+                    .consumer(commands.clone()),
+            )
+            .await?;
         self.recover(&shutdown).await;
 
         let (tx, mut rx) = mpsc::channel::<ObservedWorkload>(1024);
         {
             let (me, stop) = (self.clone(), shutdown.clone());
-            tasks.spawn("observer", async move { me.backend.observe(tx, async move { stop.cancelled().await }).await });
+            tasks.spawn("observer", async move {
+                me.backend
+                    .observe(tx, async move { stop.cancelled().await })
+                    .await
+            });
         }
         {
             let (me, stop) = (self.clone(), shutdown.clone());
@@ -151,7 +173,9 @@ impl<B: Backend> Worker<B> {
                     let me = handler_me.clone();
                     async move { me.on_assignment(d).await }
                 },
-                ConsumerOptions::default().concurrency(self.settings.capacity).gate(self.slots.clone()),
+                ConsumerOptions::default()
+                    .concurrency(self.settings.capacity)
+                    .gate(self.slots.clone()),
                 shutdown.clone(),
             )
             .await;
@@ -186,7 +210,11 @@ impl<B: Backend> Worker<B> {
             self.track(&o);
             self.publish_observed(&o, shutdown).await;
         }
-        tracing::info!(adopted = self.live_count(), capacity = self.settings.capacity, "recovered workloads");
+        tracing::info!(
+            adopted = self.live_count(),
+            capacity = self.settings.capacity,
+            "recovered workloads"
+        );
     }
 
     fn live_count(&self) -> usize {
@@ -195,7 +223,9 @@ impl<B: Backend> Worker<B> {
 
     /// Starts tracking a workload found by listing or watching (takes a slot if one is free).
     fn track(&self, o: &ObservedWorkload) -> bool {
-        let Ok(mut live) = self.live.lock() else { return false };
+        let Ok(mut live) = self.live.lock() else {
+            return false;
+        };
         if live.contains_key(&o.workload) {
             return false;
         }
@@ -211,7 +241,13 @@ impl<B: Backend> Worker<B> {
         };
         live.insert(
             o.workload.clone(),
-            Live { assignment_id: o.assignment_id, attempt: o.attempt, phase: o.phase, reason: o.reason.clone(), _slot: slot },
+            Live {
+                assignment_id: o.assignment_id,
+                attempt: o.attempt,
+                phase: o.phase,
+                reason: o.reason.clone(),
+                _slot: slot,
+            },
         );
         self.metrics.adopted.inc();
         true
@@ -225,7 +261,10 @@ impl<B: Backend> Worker<B> {
         };
         if assignment.backend != self.settings.backend {
             self.metrics.terminated_messages.inc();
-            return Disposition::Term(format!("assignment for backend {} reached {}", assignment.backend, self.settings.backend));
+            return Disposition::Term(format!(
+                "assignment for backend {} reached {}",
+                assignment.backend, self.settings.backend
+            ));
         }
         let (id, attempt) = (envelope.assignment_id, envelope.attempt);
         if delivery.delivered_count > 1 {
@@ -259,7 +298,14 @@ impl<B: Backend> Worker<B> {
                 worker_id: self.settings.worker_id.clone(),
             }),
         );
-        if let Err(e) = self.bus.publish(&subject::event(&self.settings.backend, id, Kind::WorkloadRequested), &requested).await {
+        if let Err(e) = self
+            .bus
+            .publish(
+                &subject::event(&self.settings.backend, id, Kind::WorkloadRequested),
+                &requested,
+            )
+            .await
+        {
             tracing::warn!(assignment = %id, error = %e, "cannot publish workload-requested");
             return Disposition::Nak(Some(Duration::from_secs(2)));
         }
@@ -270,7 +316,9 @@ impl<B: Backend> Worker<B> {
         };
         self.metrics.created.inc();
         if attempt == 1 {
-            self.metrics.dispatch_latency.observe(now_ms().saturating_sub(assignment.fetched_at) as f64 / 1000.0);
+            self.metrics
+                .dispatch_latency
+                .observe(now_ms().saturating_sub(assignment.fetched_at) as f64 / 1000.0);
         }
         {
             let slot = delivery.permit.take().unwrap_or_else(Permit::unlimited);
@@ -281,7 +329,13 @@ impl<B: Backend> Worker<B> {
                     // way the workload holds exactly this delivery's slot from now on.
                     std::collections::hash_map::Entry::Occupied(mut e) => e.get_mut()._slot = slot,
                     std::collections::hash_map::Entry::Vacant(e) => {
-                        e.insert(Live { assignment_id: id, attempt, phase: WorkloadPhase::Pending, reason: None, _slot: slot });
+                        e.insert(Live {
+                            assignment_id: id,
+                            attempt,
+                            phase: WorkloadPhase::Pending,
+                            reason: None,
+                            _slot: slot,
+                        });
                     }
                 }
             }
@@ -298,7 +352,14 @@ impl<B: Backend> Worker<B> {
                 worker_id: self.settings.worker_id.clone(),
             }),
         );
-        match self.bus.publish(&subject::event(&self.settings.backend, id, Kind::WorkloadCreated), &created).await {
+        match self
+            .bus
+            .publish(
+                &subject::event(&self.settings.backend, id, Kind::WorkloadCreated),
+                &created,
+            )
+            .await
+        {
             Ok(_) => {
                 tracing::info!(assignment = %id, attempt, %workload, "workload created");
                 Disposition::Ack
@@ -318,13 +379,19 @@ impl<B: Backend> Worker<B> {
     /// attempt exists; an existing one is left to `create` to find.
     async fn claimed_and_gone(&self, id: AssignmentId, attempt: u32) -> Result<bool, String> {
         let claimed = subject::event(&self.settings.backend, id, Kind::Claimed);
-        let claim = self.bus.last_on_subject(jr_protocol::STREAM_EVENTS, &claimed).await.map_err(|e| e.to_string())?;
+        let claim = self
+            .bus
+            .last_on_subject(jr_protocol::STREAM_EVENTS, &claimed)
+            .await
+            .map_err(|e| e.to_string())?;
         if claim.is_none_or(|(_, e)| e.attempt != attempt) {
             return Ok(false);
         }
         let found = self.backend.list().await.map_err(|e| e.to_string())?;
         let live = found.iter().any(|o| {
-            o.assignment_id == id && o.attempt == attempt && !matches!(o.phase, WorkloadPhase::Gone | WorkloadPhase::Terminating)
+            o.assignment_id == id
+                && o.attempt == attempt
+                && !matches!(o.phase, WorkloadPhase::Gone | WorkloadPhase::Terminating)
         });
         Ok(!live)
     }
@@ -343,8 +410,19 @@ impl<B: Backend> Worker<B> {
         }
     }
 
-    async fn create_failed(&self, id: AssignmentId, attempt: u32, name: &str, e: BackendError) -> Disposition {
-        self.metrics.create_errors.get_or_create(&ErrorLabels { kind: e.kind().to_owned() }).inc();
+    async fn create_failed(
+        &self,
+        id: AssignmentId,
+        attempt: u32,
+        name: &str,
+        e: BackendError,
+    ) -> Disposition {
+        self.metrics
+            .create_errors
+            .get_or_create(&ErrorLabels {
+                kind: e.kind().to_owned(),
+            })
+            .inc();
         match e {
             BackendError::Full { retry_after, .. } => {
                 self.metrics.full_pauses.inc();
@@ -352,7 +430,11 @@ impl<B: Backend> Worker<B> {
                 self.slots.pause_for(retry_after);
                 Disposition::Nak(Some(retry_after))
             }
-            BackendError::Transient { retry_after, message, .. } => {
+            BackendError::Transient {
+                retry_after,
+                message,
+                ..
+            } => {
                 tracing::warn!(assignment = %id, %message, "create failed; will retry");
                 Disposition::Nak(Some(retry_after.unwrap_or(Duration::from_secs(5))))
             }
@@ -377,29 +459,52 @@ impl<B: Backend> Worker<B> {
 
     async fn on_command(self: Arc<Self>, delivery: Delivery) -> Disposition {
         let envelope = delivery.envelope;
-        let Message::DeleteWorkload(DeleteWorkload { backend, workload, reason }) = envelope.message else {
+        let Message::DeleteWorkload(DeleteWorkload {
+            backend,
+            workload,
+            reason,
+        }) = envelope.message
+        else {
             self.metrics.terminated_messages.inc();
             return Disposition::Term(format!("unexpected command {}", envelope.kind()));
         };
         if backend != self.settings.backend {
-            return Disposition::Term(format!("delete for backend {backend} reached {}", self.settings.backend));
+            return Disposition::Term(format!(
+                "delete for backend {backend} reached {}",
+                self.settings.backend
+            ));
         }
         match self.backend.delete(&workload).await {
             Ok(()) => {
                 self.metrics.deleted.inc();
                 tracing::info!(assignment = %envelope.assignment_id, %workload, %reason, "workload deleted");
-                let tracked = self.live.lock().map(|l| l.contains_key(&workload)).unwrap_or(false);
+                let tracked = self
+                    .live
+                    .lock()
+                    .map(|l| l.contains_key(&workload))
+                    .unwrap_or(false);
                 if !tracked {
                     // Nothing of ours holds a slot for it; say it is gone right away.
-                    let released = self.released(envelope.assignment_id, envelope.attempt, &workload);
-                    if self.bus.publish(&subject::event(&backend, envelope.assignment_id, Kind::Released), &released).await.is_err() {
+                    let released =
+                        self.released(envelope.assignment_id, envelope.attempt, &workload);
+                    if self
+                        .bus
+                        .publish(
+                            &subject::event(&backend, envelope.assignment_id, Kind::Released),
+                            &released,
+                        )
+                        .await
+                        .is_err()
+                    {
                         return Disposition::Nak(Some(Duration::from_secs(2)));
                     }
                 }
                 // Tracked workloads are released when the backend reports them gone.
                 Disposition::Ack
             }
-            Err(BackendError::Permanent { message, .. }) => Disposition::Term(format!("delete refused: {message}")),
+            Err(BackendError::Permanent { message, .. }) => {
+                Disposition::Term(format!("delete refused: {message}"))
+            }
             Err(e) => {
                 tracing::warn!(%workload, error = %e, "delete failed; will retry");
                 Disposition::Nak(Some(Duration::from_secs(2)))
@@ -413,13 +518,18 @@ impl<B: Backend> Worker<B> {
             now_ms(),
             id,
             attempt,
-            Message::Released(Released { backend: self.settings.backend.clone(), workload: workload.to_owned() }),
+            Message::Released(Released {
+                backend: self.settings.backend.clone(),
+                workload: workload.to_owned(),
+            }),
         )
     }
 
     async fn on_observed(&self, o: ObservedWorkload, shutdown: &CancellationToken) {
         let changed = {
-            let Ok(mut live) = self.live.lock() else { return };
+            let Ok(mut live) = self.live.lock() else {
+                return;
+            };
             match live.get_mut(&o.workload) {
                 Some(l) if l.phase == o.phase && l.reason == o.reason => false,
                 Some(l) => {
@@ -430,7 +540,14 @@ impl<B: Backend> Worker<B> {
                 None => true,
             }
         };
-        if o.phase != WorkloadPhase::Gone && changed && !self.live.lock().map(|l| l.contains_key(&o.workload)).unwrap_or(true) {
+        if o.phase != WorkloadPhase::Gone
+            && changed
+            && !self
+                .live
+                .lock()
+                .map(|l| l.contains_key(&o.workload))
+                .unwrap_or(true)
+        {
             // A workload we did not create in this process (orphan or from a previous run).
             self.track(&o);
         }
@@ -438,11 +555,22 @@ impl<B: Backend> Worker<B> {
             self.publish_observed(&o, shutdown).await;
         }
         if o.phase == WorkloadPhase::Gone {
-            let was_live = self.live.lock().ok().and_then(|mut l| l.remove(&o.workload));
-            let (id, attempt) = was_live.as_ref().map_or((o.assignment_id, o.attempt), |l| (l.assignment_id, l.attempt));
+            let was_live = self
+                .live
+                .lock()
+                .ok()
+                .and_then(|mut l| l.remove(&o.workload));
+            let (id, attempt) = was_live.as_ref().map_or((o.assignment_id, o.attempt), |l| {
+                (l.assignment_id, l.attempt)
+            });
             let released = self.released(id, attempt, &o.workload);
             let subject = subject::event(&self.settings.backend, id, Kind::Released);
-            if self.bus.publish_retrying(&subject, &released, shutdown).await.is_ok() {
+            if self
+                .bus
+                .publish_retrying(&subject, &released, shutdown)
+                .await
+                .is_ok()
+            {
                 self.metrics.released.inc();
             }
             // Dropping `was_live` here frees the slot.
@@ -452,13 +580,29 @@ impl<B: Backend> Worker<B> {
 
     async fn publish_observation(&self, o: &ObservedWorkload) -> Result<(), jr_bus::BusError> {
         let envelope = self.observed_envelope(o);
-        self.bus.publish(&subject::event(&self.settings.backend, o.assignment_id, Kind::WorkloadObserved), &envelope).await.map(|_| ())
+        self.bus
+            .publish(
+                &subject::event(
+                    &self.settings.backend,
+                    o.assignment_id,
+                    Kind::WorkloadObserved,
+                ),
+                &envelope,
+            )
+            .await
+            .map(|_| ())
     }
 
     fn observed_envelope(&self, o: &ObservedWorkload) -> Envelope {
         let phase = serde_label(o.phase);
         Envelope::new(
-            format!("observed:{}:{}:{}:{phase}:{}", o.assignment_id, o.attempt, o.workload, o.reason.as_deref().unwrap_or("")),
+            format!(
+                "observed:{}:{}:{}:{phase}:{}",
+                o.assignment_id,
+                o.attempt,
+                o.workload,
+                o.reason.as_deref().unwrap_or("")
+            ),
             now_ms(),
             o.assignment_id,
             o.attempt,
@@ -473,8 +617,16 @@ impl<B: Backend> Worker<B> {
 
     async fn publish_observed(&self, o: &ObservedWorkload, shutdown: &CancellationToken) {
         let envelope = self.observed_envelope(o);
-        let subject = subject::event(&self.settings.backend, o.assignment_id, Kind::WorkloadObserved);
-        if let Err(e) = self.bus.publish_retrying(&subject, &envelope, shutdown).await {
+        let subject = subject::event(
+            &self.settings.backend,
+            o.assignment_id,
+            Kind::WorkloadObserved,
+        );
+        if let Err(e) = self
+            .bus
+            .publish_retrying(&subject, &envelope, shutdown)
+            .await
+        {
             tracing::warn!(workload = %o.workload, error = %e, "observation not published");
         }
     }
@@ -487,8 +639,11 @@ impl<B: Backend> Worker<B> {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(self.settings.resync_interval) => {}
             }
-            let Ok(found) = self.backend.list().await else { continue };
-            let present: std::collections::HashSet<&str> = found.iter().map(|o| o.workload.as_str()).collect();
+            let Ok(found) = self.backend.list().await else {
+                continue;
+            };
+            let present: std::collections::HashSet<&str> =
+                found.iter().map(|o| o.workload.as_str()).collect();
             let vanished: Vec<ObservedWorkload> = self
                 .live
                 .lock()
@@ -534,7 +689,10 @@ pub fn settings_from_config(
     section_name: &str,
     default_backend: &str,
 ) -> Result<(WorkerSettings, jr_config::BackendConfig), String> {
-    let name = section.backend.clone().unwrap_or_else(|| default_backend.to_owned());
+    let name = section
+        .backend
+        .clone()
+        .unwrap_or_else(|| default_backend.to_owned());
     let backend_cfg = config
         .backend
         .get(&name)
@@ -544,10 +702,14 @@ pub fn settings_from_config(
     let key_text = jr_config::read_secret(&format!("{section_name}.token_key"), &section.token_key, &section.token_key_file)
         .map_err(|e| e.to_string())?
         .ok_or_else(|| format!("{section_name}.token_key (or token_key_file) is required: base64 of at least 32 random bytes"))?;
-    let token_key = TokenKey::from_base64(&key_text).map_err(|e| format!("{section_name}.token_key: {e}"))?;
+    let token_key =
+        TokenKey::from_base64(&key_text).map_err(|e| format!("{section_name}.token_key: {e}"))?;
     let settings = WorkerSettings {
         // Stable across restarts by default: workloads are listed by it after a restart.
-        worker_id: section.worker_id.clone().unwrap_or_else(|| format!("{name}-worker")),
+        worker_id: section
+            .worker_id
+            .clone()
+            .unwrap_or_else(|| format!("{name}-worker")),
         backend,
         capacity: backend_cfg.capacity,
         facade_url: config.facade.public_url.clone(),

@@ -40,7 +40,9 @@ impl Default for WorkerMetrics {
             released: Counter::default(),
             adopted: Counter::default(),
             terminated_messages: Counter::default(),
-            dispatch_latency: Histogram::new([0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0]),
+            dispatch_latency: Histogram::new([
+                0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+            ]),
         }
     }
 }
@@ -48,15 +50,55 @@ impl Default for WorkerMetrics {
 impl WorkerMetrics {
     pub fn register(&self, registry: &mut Registry) {
         let r = registry.sub_registry_with_prefix("worker");
-        r.register("slots_used", "Capacity slots held by live workloads", self.slots_used.clone());
-        r.register("slots_total", "Capacity of this worker's backend", self.slots_total.clone());
-        r.register("workloads_created", "Workloads created (or found existing) for an assignment attempt", self.created.clone());
-        r.register("create_errors", "Workload creations that failed, by error kind", self.create_errors.clone());
-        r.register("full_pauses", "Times the backend said it was full and pulling paused", self.full_pauses.clone());
-        r.register("workloads_deleted", "delete-workload commands executed", self.deleted.clone());
-        r.register("workloads_released", "Workloads gone and their slots freed", self.released.clone());
-        r.register("workloads_adopted", "Workloads found on the backend and tracked without a delivery", self.adopted.clone());
-        r.register("messages_terminated", "Messages refused for good (wrong kind or backend)", self.terminated_messages.clone());
-        r.register("dispatch_latency_seconds", "Forge fetch to workload created", self.dispatch_latency.clone());
+        r.register(
+            "slots_used",
+            "Capacity slots held by live workloads",
+            self.slots_used.clone(),
+        );
+        r.register(
+            "slots_total",
+            "Capacity of this worker's backend",
+            self.slots_total.clone(),
+        );
+        r.register(
+            "workloads_created",
+            "Workloads created (or found existing) for an assignment attempt",
+            self.created.clone(),
+        );
+        r.register(
+            "create_errors",
+            "Workload creations that failed, by error kind",
+            self.create_errors.clone(),
+        );
+        r.register(
+            "full_pauses",
+            "Times the backend said it was full and pulling paused",
+            self.full_pauses.clone(),
+        );
+        r.register(
+            "workloads_deleted",
+            "delete-workload commands executed",
+            self.deleted.clone(),
+        );
+        r.register(
+            "workloads_released",
+            "Workloads gone and their slots freed",
+            self.released.clone(),
+        );
+        r.register(
+            "workloads_adopted",
+            "Workloads found on the backend and tracked without a delivery",
+            self.adopted.clone(),
+        );
+        r.register(
+            "messages_terminated",
+            "Messages refused for good (wrong kind or backend)",
+            self.terminated_messages.clone(),
+        );
+        r.register(
+            "dispatch_latency_seconds",
+            "Forge fetch to workload created",
+            self.dispatch_latency.clone(),
+        );
     }
 }

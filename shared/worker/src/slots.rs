@@ -21,7 +21,11 @@ pub struct Slots {
 
 impl Slots {
     pub fn new(capacity: usize) -> Arc<Self> {
-        Arc::new(Self { capacity, semaphore: Arc::new(Semaphore::new(capacity)), paused_until: Mutex::new(None) })
+        Arc::new(Self {
+            capacity,
+            semaphore: Arc::new(Semaphore::new(capacity)),
+            paused_until: Mutex::new(None),
+        })
     }
 
     pub fn capacity(&self) -> usize {
@@ -29,7 +33,8 @@ impl Slots {
     }
 
     pub fn used(&self) -> usize {
-        self.capacity.saturating_sub(self.semaphore.available_permits())
+        self.capacity
+            .saturating_sub(self.semaphore.available_permits())
     }
 
     /// Takes a slot for a workload found at start, without waiting. `None` means the backend

@@ -22,7 +22,9 @@ pub struct BadTokenKey;
 
 impl TokenKey {
     pub fn from_base64(text: &str) -> Result<Self, BadTokenKey> {
-        let raw = base64::engine::general_purpose::STANDARD.decode(text.trim()).map_err(|_| BadTokenKey)?;
+        let raw = base64::engine::general_purpose::STANDARD
+            .decode(text.trim())
+            .map_err(|_| BadTokenKey)?;
         if raw.len() < 32 {
             return Err(BadTokenKey);
         }
@@ -50,12 +52,19 @@ mod tests {
 
     #[test]
     fn tokens_are_stable_per_attempt_and_distinct_across_attempts() {
-        let key = TokenKey::from_base64("ZGV2LXRva2VuLWtleS1kZXYtdG9rZW4ta2V5LWRldiE=").expect("key");
+        let key =
+            TokenKey::from_base64("ZGV2LXRva2VuLWtleS1kZXYtdG9rZW4ta2V5LWRldiE=").expect("key");
         let a = AssignmentId::for_task("f", 1);
         assert_eq!(key.token(a, 1), key.token(a, 1));
         assert_ne!(key.token(a, 1), key.token(a, 2));
-        assert_ne!(key.token(a, 1), key.token(AssignmentId::for_task("f", 2), 1));
-        assert_eq!(token_hash("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+        assert_ne!(
+            key.token(a, 1),
+            key.token(AssignmentId::for_task("f", 2), 1)
+        );
+        assert_eq!(
+            token_hash("abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
         assert!(TokenKey::from_base64("c2hvcnQ=").is_err());
     }
 }
