@@ -31,6 +31,9 @@ pub fn planner_config(c: &jr_config::ReconcilerConfig) -> PlannerConfig {
     }
 }
 
+/// Shortest pause between two plans triggered by projected batches.
+const MIN_PLAN_GAP: Duration = Duration::from_millis(100);
+
 fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -139,7 +142,9 @@ pub async fn run(p: Process) -> anyhow::Result<()> {
         tokio::select! {
             _ = shutdown.cancelled() => break,
             _ = tokio::time::sleep(cfg.plan_interval) => {}
-            _ = applied.notified() => {}
+            // Newly projected facts are planned on promptly, but a busy stream does not make the
+            // snapshot load back to back.
+            _ = async { applied.notified().await; tokio::time::sleep(MIN_PLAN_GAP).await } => {}
         }
     }
     let report = tasks.join_all(Duration::from_secs(15)).await;

@@ -26,6 +26,8 @@ pub async fn run(p: Process) -> anyhow::Result<()> {
     let mut vm = VmBackendConfig::new(settings.backend.clone(), settings.worker_id.clone());
     vm.pool = os.pool.clone();
     vm.poll.steady = os.poll_interval.max(Duration::from_millis(200));
+    // Sandboxes that are changing (starting, stopping) are polled at least as often.
+    vm.poll.active = vm.poll.active.min(vm.poll.steady);
     let backend = VmBackend::new(client, vm);
     let worker = Worker::new(p.bus, backend, settings);
     worker.metrics.register(&mut p.metrics.registry());
