@@ -48,7 +48,10 @@ pub async fn run(p: Process) -> anyhow::Result<()> {
         settings.backend.clone(),
         template,
     );
+    let projected =
+        jr_worker::projected_live(&p.config.database.url, settings.backend.as_str()).await;
     let worker = Worker::new(p.bus, backend, settings);
+    worker.set_projected_live(projected);
     worker.metrics.register(&mut p.metrics.registry());
     let readiness = p.readiness.clone();
     worker

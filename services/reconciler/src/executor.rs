@@ -1,5 +1,11 @@
 //! Turns planned commands into messages. Every message id derives from the command id, so a
 //! command planned again from an unchanged state is a JetStream duplicate, not a second action.
+//!
+//! Commands to other services (`delete-workload`, `fail-task`) carry the reissue period in their
+//! message id (`<command id>@<period>`): copies within one period are duplicates, but a command
+//! the planner still asks for a period later is delivered again. Its first delivery may have had
+//! no lasting effect (a worker killed between deleting a workload and reporting it released),
+//! and the streams' duplicate window (minutes) would otherwise swallow every reissue.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -80,6 +86,15 @@ impl Executor {
         published
     }
 
+    /// `<command id>@<reissue period number>`: the same within a period (whichever reconciler
+    /// instance publishes), new in the next one.
+    fn message_id(&self, id: &str) -> String {
+        let period = u64::try_from(self.reissue_after.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        format!("{id}@{}", now_ms() / period)
+    }
+
     async fn publish(&self, command: &PlannedCommand, id: &str) -> Result<(), ExecuteError> {
         match command {
             PlannedCommand::DeleteWorkload {
@@ -90,7 +105,7 @@ impl Executor {
                 reason,
             } => {
                 let envelope = Envelope::new(
-                    id,
+                    self.message_id(id),
                     now_ms(),
                     *assignment_id,
                     *attempt,
@@ -115,7 +130,7 @@ impl Executor {
                 reason,
             } => {
                 let envelope = Envelope::new(
-                    id,
+                    self.message_id(id),
                     now_ms(),
                     *assignment_id,
                     *attempt,

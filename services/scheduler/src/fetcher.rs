@@ -247,6 +247,13 @@ async fn fetch_loop(
         if shutdown.is_cancelled() {
             return Ok(());
         }
+        // The forge hands a task out once: one fetched while NATS is unreachable cannot be made
+        // durable until the bus is back, and is lost if the scheduler stops meanwhile (found by
+        // the chaos suite). Fetch only while connected.
+        if !d.bus.is_connected() {
+            wait = jittered(pacing.poll_interval);
+            continue;
+        }
         let sent = version.load(Ordering::Acquire);
         match d
             .forge

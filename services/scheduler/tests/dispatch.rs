@@ -221,14 +221,10 @@ async fn fetchers_wait_for_durability_through_a_nats_outage_and_publish_once() {
     world.nats.kill();
     world.forge.enqueue_jobs(job("pod"), 30);
     world.forge.enqueue_jobs(job("vm"), 10);
-    // Every fetcher takes one task, then waits for its PubAck instead of fetching again.
-    world
-        .forge
-        .wait_until(|s| s.tasks.len() == 5 + FETCHERS, Duration::from_secs(20))
-        .await
-        .expect("each fetcher takes one task");
-    // Watch for longer than the JetStream publish timeout (5 s), so the fetchers' publishes time
-    // out and are retried while NATS is still down.
+    // Fetchers stop fetching once the client sees the bus down (a task fetched then could not be
+    // made durable, and would be lost if the scheduler stopped); one that fetched in the instant
+    // before waits for its PubAck instead of fetching again. Watch for longer than the JetStream
+    // publish timeout (5 s), so such publishes time out and are retried while NATS is still down.
     let overshoot = world
         .forge
         .wait_until(|s| s.tasks.len() > 5 + FETCHERS, Duration::from_secs(6))
@@ -237,7 +233,7 @@ async fn fetchers_wait_for_durability_through_a_nats_outage_and_publish_once() {
         overshoot.is_err(),
         "a fetcher fetched again before its assignment was durable"
     );
-    assert_eq!(world.forge.queued_count(), 40 - FETCHERS);
+    assert!(world.forge.queued_count() >= 40 - FETCHERS);
 
     world.nats.restart().await.expect("nats-server restarts");
     world

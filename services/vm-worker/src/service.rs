@@ -29,7 +29,10 @@ pub async fn run(p: Process) -> anyhow::Result<()> {
     // Sandboxes that are changing (starting, stopping) are polled at least as often.
     vm.poll.active = vm.poll.active.min(vm.poll.steady);
     let backend = VmBackend::new(client, vm);
+    let projected =
+        jr_worker::projected_live(&p.config.database.url, settings.backend.as_str()).await;
     let worker = Worker::new(p.bus, backend, settings);
+    worker.set_projected_live(projected);
     worker.metrics.register(&mut p.metrics.registry());
     let readiness = p.readiness.clone();
     worker

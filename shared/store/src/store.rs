@@ -245,6 +245,33 @@ impl Store {
             .collect()
     }
 
+    /// Workloads of `backend` that hold a slot according to the projection (created and not
+    /// released): `(assignment, attempt, workload)`. A restarted worker compares them with what
+    /// its backend still lists, to report the ones that vanished while it was down.
+    pub async fn slot_holders(
+        &self,
+        backend: &str,
+    ) -> Result<Vec<(AssignmentId, u32, String)>, StoreError> {
+        let rows: Vec<(Uuid, i32, String)> = sqlx::query_as(
+            "SELECT assignment_id, attempt, workload FROM attempts \
+             WHERE holds_slot AND backend = $1 AND workload IS NOT NULL ORDER BY assignment_id, attempt",
+        )
+        .bind(backend)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(|source| StoreError::Query { op: "slot holders", source })?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, attempt, workload)| {
+                (
+                    AssignmentId(id),
+                    u32::try_from(attempt).unwrap_or(0),
+                    workload,
+                )
+            })
+            .collect())
+    }
+
     /// Slots in use per backend.
     pub async fn slots_used(&self) -> Result<Vec<SlotUsage>, StoreError> {
         let rows: Vec<(String, i64)> = sqlx::query_as(

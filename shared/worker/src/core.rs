@@ -51,6 +51,8 @@ pub struct Worker<B: Backend> {
     slots: Arc<Slots>,
     live: Mutex<HashMap<String, Live>>,
     ready: AtomicBool,
+    /// Workloads the projection counts as live on this backend (read at start, see `recover`).
+    projected: Mutex<Vec<(AssignmentId, u32, String)>>,
     pub metrics: WorkerMetrics,
 }
 
@@ -71,12 +73,22 @@ impl<B: Backend> Worker<B> {
             slots,
             live: Mutex::new(HashMap::new()),
             ready: AtomicBool::new(false),
+            projected: Mutex::new(Vec::new()),
             metrics: WorkerMetrics::default(),
         })
     }
 
     pub fn slots(&self) -> &Arc<Slots> {
         &self.slots
+    }
+
+    /// What the projection says is live on this backend: `(assignment, attempt, workload)`.
+    /// At start, those the backend no longer lists are reported gone and released, so an
+    /// assignment whose workload vanished while the worker was down does not wait forever.
+    pub fn set_projected_live(&self, workloads: Vec<(AssignmentId, u32, String)>) {
+        if let Ok(mut p) = self.projected.lock() {
+            *p = workloads;
+        }
     }
 
     /// Recovered and pulling.
@@ -203,12 +215,33 @@ impl<B: Backend> Worker<B> {
             }
             delay = (delay * 2).min(Duration::from_secs(10));
         };
+        let listed: std::collections::HashSet<String> =
+            found.iter().map(|o| o.workload.clone()).collect();
+        let vanished: Vec<ObservedWorkload> = self
+            .projected
+            .lock()
+            .map(|mut p| std::mem::take(&mut *p))
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|(_, _, workload)| !listed.contains(workload))
+            .map(|(assignment_id, attempt, workload)| ObservedWorkload {
+                workload,
+                assignment_id,
+                attempt,
+                phase: WorkloadPhase::Gone,
+                reason: Some("vanished-while-worker-down".to_owned()),
+            })
+            .collect();
         for o in found {
             if o.phase == WorkloadPhase::Gone {
                 continue;
             }
             self.track(&o);
             self.publish_observed(&o, shutdown).await;
+        }
+        for o in vanished {
+            tracing::info!(workload = %o.workload, assignment = %o.assignment_id, "workload vanished while the worker was down");
+            self.on_observed(o, shutdown).await;
         }
         tracing::info!(
             adopted = self.live_count(),
@@ -717,4 +750,28 @@ pub fn settings_from_config(
         resync_interval: Duration::from_secs(15),
     };
     Ok((settings, backend_cfg))
+}
+
+/// Reads what the projection counts as live on `backend`, for the start-up comparison with the
+/// backend's own listing. Postgres being unreachable is not fatal: the worker then recovers from
+/// the listing alone.
+pub async fn projected_live(
+    database_url: &str,
+    backend: &str,
+) -> Vec<(jr_protocol::AssignmentId, u32, String)> {
+    let read = async {
+        let store = jr_store::Store::connect(database_url).await?;
+        store.slot_holders(backend).await
+    };
+    match tokio::time::timeout(std::time::Duration::from_secs(10), read).await {
+        Ok(Ok(live)) => live,
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "cannot read the projection; recovering from the backend listing only");
+            Vec::new()
+        }
+        Err(_) => {
+            tracing::warn!("projection read timed out; recovering from the backend listing only");
+            Vec::new()
+        }
+    }
 }

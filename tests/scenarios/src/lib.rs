@@ -2,6 +2,9 @@
 //! PostgreSQL and service binaries; fake forge, Kubernetes API and OpenSandbox), the invariants
 //! checked after every scenario, and the demo and benchmark built on the same harness.
 
+pub mod chaos;
+pub mod consistency;
+pub mod measure;
 pub mod pg;
 pub mod process;
 pub mod system;

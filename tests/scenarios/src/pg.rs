@@ -26,11 +26,17 @@ fn pg_bin() -> anyhow::Result<PathBuf> {
         .filter(|p| p.join("initdb").exists())
         .collect();
     versions.sort();
-    versions.pop().context("no initdb found; install postgresql or set PG_BIN")
+    versions
+        .pop()
+        .context("no initdb found; install postgresql or set PG_BIN")
 }
 
 fn is_root() -> bool {
-    Command::new("id").arg("-u").output().map(|o| o.stdout.starts_with(b"0")).unwrap_or(false)
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| o.stdout.starts_with(b"0"))
+        .unwrap_or(false)
 }
 
 /// Runs a PostgreSQL tool, as the `postgres` user when we are root (initdb refuses root).
@@ -42,9 +48,17 @@ fn run_pg(bin: &Path, tool: &str, args: &[String]) -> anyhow::Result<()> {
             line.push(' ');
             line.push_str(&shell_quote(a));
         }
-        Command::new("su").args(["postgres", "-s", "/bin/sh", "-c", &line]).stdout(Stdio::null()).stderr(Stdio::piped()).output()?
+        Command::new("su")
+            .args(["postgres", "-s", "/bin/sh", "-c", &line])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .output()?
     } else {
-        Command::new(&exe).args(args).stdout(Stdio::null()).stderr(Stdio::piped()).output()?
+        Command::new(&exe)
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .output()?
     };
     if !status.status.success() {
         bail!("{tool} failed: {}", String::from_utf8_lossy(&status.stderr));
@@ -62,11 +76,30 @@ impl PgCluster {
         let dir = tempfile::Builder::new().prefix("jr-pg-").tempdir()?;
         let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         if is_root() {
-            Command::new("chown").args(["-R", "postgres", &dir.path().display().to_string()]).status()?;
+            Command::new("chown")
+                .args(["-R", "postgres", &dir.path().display().to_string()])
+                .status()?;
         }
         let data = dir.path().join("data").display().to_string();
-        run_pg(&bin, "initdb", &["-D".into(), data, "-A".into(), "trust".into(), "-U".into(), "postgres".into(), "--no-sync".into()])?;
-        let mut cluster = Self { dir, port, bin, running: false };
+        run_pg(
+            &bin,
+            "initdb",
+            &[
+                "-D".into(),
+                data,
+                "-A".into(),
+                "trust".into(),
+                "-U".into(),
+                "postgres".into(),
+                "--no-sync".into(),
+            ],
+        )?;
+        let mut cluster = Self {
+            dir,
+            port,
+            bin,
+            running: false,
+        };
         cluster.start_server().await?;
         Ok(cluster)
     }
@@ -87,10 +120,26 @@ impl PgCluster {
             self.port,
             self.dir.path().display()
         );
-        run_pg(&self.bin, "pg_ctl", &["-D".into(), data, "-o".into(), opts, "-l".into(), log, "-w".into(), "start".into()])?;
+        run_pg(
+            &self.bin,
+            "pg_ctl",
+            &[
+                "-D".into(),
+                data,
+                "-o".into(),
+                opts,
+                "-l".into(),
+                log,
+                "-w".into(),
+                "start".into(),
+            ],
+        )?;
         self.running = true;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        while tokio::net::TcpStream::connect(("127.0.0.1", self.port)).await.is_err() {
+        while tokio::net::TcpStream::connect(("127.0.0.1", self.port))
+            .await
+            .is_err()
+        {
             if tokio::time::Instant::now() > deadline {
                 bail!("postgres did not accept connections on {}", self.port);
             }
@@ -102,7 +151,17 @@ impl PgCluster {
     /// Stops the server at once (`-m immediate`: no checkpoint, like a crash).
     pub fn kill(&mut self) -> anyhow::Result<()> {
         let data = self.dir.path().join("data").display().to_string();
-        run_pg(&self.bin, "pg_ctl", &["-D".into(), data, "-m".into(), "immediate".into(), "stop".into()])?;
+        run_pg(
+            &self.bin,
+            "pg_ctl",
+            &[
+                "-D".into(),
+                data,
+                "-m".into(),
+                "immediate".into(),
+                "stop".into(),
+            ],
+        )?;
         self.running = false;
         Ok(())
     }
@@ -110,7 +169,9 @@ impl PgCluster {
     pub async fn create_database(&self, name: &str) -> anyhow::Result<()> {
         use sqlx::Connection;
         let mut conn = sqlx::PgConnection::connect(&self.url("postgres")).await?;
-        sqlx::query(&format!("CREATE DATABASE \"{name}\"")).execute(&mut conn).await?;
+        sqlx::query(&format!("CREATE DATABASE \"{name}\""))
+            .execute(&mut conn)
+            .await?;
         Ok(())
     }
 }

@@ -14,7 +14,10 @@ pub fn bin_dir() -> anyhow::Result<PathBuf> {
         return Ok(PathBuf::from(dir));
     }
     let exe = std::env::current_exe()?;
-    let mut dir = exe.parent().context("executable has no directory")?.to_path_buf();
+    let mut dir = exe
+        .parent()
+        .context("executable has no directory")?
+        .to_path_buf();
     if dir.ends_with("deps") {
         dir.pop();
     }
@@ -24,7 +27,10 @@ pub fn bin_dir() -> anyhow::Result<PathBuf> {
 pub fn binary(name: &str) -> anyhow::Result<PathBuf> {
     let path = bin_dir()?.join(name);
     if !path.exists() {
-        bail!("{} not built: run `cargo build --workspace --bins` first", path.display());
+        bail!(
+            "{} not built: run `cargo build --workspace --bins` first",
+            path.display()
+        );
     }
     Ok(path)
 }
@@ -41,7 +47,13 @@ pub struct ServiceProcess {
 }
 
 impl ServiceProcess {
-    pub fn new(name: &str, binary: PathBuf, args: Vec<String>, log_dir: &Path, ops_port: u16) -> Self {
+    pub fn new(
+        name: &str,
+        binary: PathBuf,
+        args: Vec<String>,
+        log_dir: &Path,
+        ops_port: u16,
+    ) -> Self {
         Self {
             name: name.to_owned(),
             binary,
@@ -60,7 +72,10 @@ impl ServiceProcess {
     }
 
     pub fn spawn(&mut self) -> anyhow::Result<()> {
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log)?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)?;
         let child = Command::new(&self.binary)
             .args(&self.args)
             .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
@@ -89,16 +104,24 @@ impl ServiceProcess {
 
     /// Exit status if the process has ended on its own.
     pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
-        self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
     }
 
     pub async fn wait_ready(&mut self, timeout: Duration) -> anyhow::Result<()> {
         let url = format!("http://127.0.0.1:{}/readyz", self.ops_port);
-        let client = reqwest::Client::builder().timeout(Duration::from_secs(2)).build()?;
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(2))
+            .build()?;
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             if let Some(status) = self.exited() {
-                bail!("{} exited with {status} before it was ready:\n{}", self.name, self.log_tail(40));
+                bail!(
+                    "{} exited with {status} before it was ready:\n{}",
+                    self.name,
+                    self.log_tail(40)
+                );
             }
             if let Ok(r) = client.get(&url).send().await
                 && r.status().is_success()
@@ -106,7 +129,11 @@ impl ServiceProcess {
                 return Ok(());
             }
             if tokio::time::Instant::now() > deadline {
-                bail!("{} not ready after {timeout:?}:\n{}", self.name, self.log_tail(40));
+                bail!(
+                    "{} not ready after {timeout:?}:\n{}",
+                    self.name,
+                    self.log_tail(40)
+                );
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -135,5 +162,7 @@ impl Drop for ServiceProcess {
 }
 
 pub fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
 }

@@ -103,7 +103,9 @@ fn executor_config(env: &BTreeMap<String, String>) -> Option<ExecutorConfig> {
 fn pod_runner() -> jr_fake_kube::PodRunner {
     Arc::new(|run: PodRun| {
         Box::pin(async move {
-            let Some(cfg) = executor_config(&run.env) else { return ExitStatus::failed(2) };
+            let Some(cfg) = executor_config(&run.env) else {
+                return ExitStatus::failed(2);
+            };
             match run_one_shot(cfg).await {
                 Ok(ExecutorReport::Finished(_)) => ExitStatus::success(),
                 Ok(_) | Err(_) => ExitStatus::failed(1),
@@ -127,7 +129,9 @@ impl System {
     pub async fn start(spec: SystemSpec) -> anyhow::Result<System> {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let dir = tempfile::Builder::new().prefix("jr-system-").tempdir()?;
-        let nats = NatsServer::start().await.context("starting nats-server (need ≥ 2.10 on PATH)")?;
+        let nats = NatsServer::start()
+            .await
+            .context("starting nats-server (need ≥ 2.10 on PATH)")?;
         let pg = PgCluster::start().await.context("starting PostgreSQL")?;
         pg.create_database("jetrunner").await?;
         let database_url = pg.url("jetrunner");
@@ -159,11 +163,23 @@ impl System {
             status: free_port()?,
         };
         let config_path = dir.path().join("jetrunner.toml");
-        let text = config_toml(&spec, &ports, &nats.url(), &database_url, forge.url(), &kube.url(), &sandbox.base_url(), &dir.path().join("runner.json").display().to_string());
+        let text = config_toml(
+            &spec,
+            &ports,
+            &nats.url(),
+            &database_url,
+            forge.url(),
+            &kube.url(),
+            &sandbox.base_url(),
+            &dir.path().join("runner.json").display().to_string(),
+        );
         std::fs::write(&config_path, text)?;
         let args = vec!["--config".to_owned(), config_path.display().to_string()];
         let svc = |name: &str, port| -> anyhow::Result<ServiceProcess> {
-            Ok(ServiceProcess::new(name, binary(name)?, args.clone(), dir.path(), port).env("RUST_LOG", &spec.log_filter))
+            Ok(
+                ServiceProcess::new(name, binary(name)?, args.clone(), dir.path(), port)
+                    .env("RUST_LOG", &spec.log_filter),
+            )
         };
         let mut system = System {
             scheduler: svc("scheduler", ports.scheduler_ops)?,
@@ -190,7 +206,12 @@ impl System {
     }
 
     pub fn services_mut(&mut self) -> [&mut ServiceProcess; 4] {
-        [&mut self.reconciler, &mut self.pod_worker, &mut self.vm_worker, &mut self.scheduler]
+        [
+            &mut self.reconciler,
+            &mut self.pod_worker,
+            &mut self.vm_worker,
+            &mut self.scheduler,
+        ]
     }
 
     pub fn service(&mut self, name: &str) -> Option<&mut ServiceProcess> {
@@ -203,12 +224,20 @@ impl System {
     }
 
     /// Like [`System::enqueue`], returning the forge's ids of the new jobs.
-    pub fn enqueue_ids(&self, label: &str, n: u32, vars: &[(&str, &str)]) -> Vec<jr_fake_forge::JobId> {
+    pub fn enqueue_ids(
+        &self,
+        label: &str,
+        n: u32,
+        vars: &[(&str, &str)],
+    ) -> Vec<jr_fake_forge::JobId> {
         let spec = JobSpec {
             repo: "acme/widgets".into(),
             name: format!("{label}-job"),
             runs_on: vec![label.to_owned()],
-            vars: vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            vars: vars
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             steps: 2,
             ..Default::default()
         };
@@ -218,25 +247,57 @@ impl System {
     /// How many of `jobs` have a final result.
     pub fn final_count(&self, jobs: &[jr_fake_forge::JobId]) -> usize {
         let s = self.forge.snapshot();
-        jobs.iter().filter(|id| s.job(**id).is_some_and(|j| j.status.is_final())).count()
+        jobs.iter()
+            .filter(|id| s.job(**id).is_some_and(|j| j.status.is_final()))
+            .count()
     }
 
     /// Waits until every one of `jobs` has a final result.
-    pub async fn wait_jobs_final(&self, jobs: &[jr_fake_forge::JobId], timeout: Duration) -> anyhow::Result<()> {
+    pub async fn wait_jobs_final(
+        &self,
+        jobs: &[jr_fake_forge::JobId],
+        timeout: Duration,
+    ) -> anyhow::Result<()> {
         let wanted: HashSet<jr_fake_forge::JobId> = jobs.iter().copied().collect();
-        let done = |s: &jr_fake_forge::Snapshot| s.jobs.iter().filter(|j| wanted.contains(&j.id) && j.status.is_final()).count();
-        match self.forge.wait_until(|s| done(s) == wanted.len(), timeout).await {
+        let done = |s: &jr_fake_forge::Snapshot| {
+            s.jobs
+                .iter()
+                .filter(|j| wanted.contains(&j.id) && j.status.is_final())
+                .count()
+        };
+        match self
+            .forge
+            .wait_until(|s| done(s) == wanted.len(), timeout)
+            .await
+        {
             Ok(_) => Ok(()),
-            Err(e) => anyhow::bail!("{e}: {} of {} jobs final", done(&self.forge.snapshot()), wanted.len()),
+            Err(e) => anyhow::bail!(
+                "{e}: {} of {} jobs final",
+                done(&self.forge.snapshot()),
+                wanted.len()
+            ),
         }
     }
 
     /// Waits until every job the forge knows has a final result.
-    pub async fn wait_all_final(&self, timeout: Duration) -> anyhow::Result<jr_fake_forge::Snapshot> {
-        self.forge.wait_until(|s| !s.jobs.is_empty() && s.all_final(), timeout).await.map_err(|e| {
-            let s = self.forge.snapshot();
-            anyhow::anyhow!("{e}: {} of {} jobs final", s.jobs.iter().filter(|j| matches!(j.status, jr_fake_forge::Status::Done(_))).count(), s.jobs.len())
-        })
+    pub async fn wait_all_final(
+        &self,
+        timeout: Duration,
+    ) -> anyhow::Result<jr_fake_forge::Snapshot> {
+        self.forge
+            .wait_until(|s| !s.jobs.is_empty() && s.all_final(), timeout)
+            .await
+            .map_err(|e| {
+                let s = self.forge.snapshot();
+                anyhow::anyhow!(
+                    "{e}: {} of {} jobs final",
+                    s.jobs
+                        .iter()
+                        .filter(|j| matches!(j.status, jr_fake_forge::Status::Done(_)))
+                        .count(),
+                    s.jobs.len()
+                )
+            })
     }
 
     /// Waits until no workload of ours exists in either backend.
@@ -249,7 +310,9 @@ impl System {
                 return Ok(());
             }
             if tokio::time::Instant::now() > deadline {
-                anyhow::bail!("{pods} Pods and {sandboxes} sandboxes still exist after {timeout:?}");
+                anyhow::bail!(
+                    "{pods} Pods and {sandboxes} sandboxes still exist after {timeout:?}"
+                );
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -261,7 +324,10 @@ impl System {
         let forge = self.forge.snapshot();
         for job in &forge.jobs {
             if job.fetch_count != 1 {
-                v.push(format!("job {:?} fetched {} times", job.id, job.fetch_count));
+                v.push(format!(
+                    "job {:?} fetched {} times",
+                    job.id, job.fetch_count
+                ));
             }
             if !matches!(job.status, jr_fake_forge::Status::Done(_)) {
                 v.push(format!("job {:?} not final: {:?}", job.id, job.status));
@@ -269,12 +335,18 @@ impl System {
         }
         for task in &forge.tasks {
             if task.final_accepted > 1 {
-                v.push(format!("task {} accepted {} final results", task.id, task.final_accepted));
+                v.push(format!(
+                    "task {} accepted {} final results",
+                    task.id, task.final_accepted
+                ));
             }
         }
         let kube = self.kube.records();
         if kube.max_live > self.spec.pod_capacity {
-            v.push(format!("{} live Pods at once, capacity {}", kube.max_live, self.spec.pod_capacity));
+            v.push(format!(
+                "{} live Pods at once, capacity {}",
+                kube.max_live, self.spec.pod_capacity
+            ));
         }
         let mut seen = HashSet::new();
         for name in &kube.created {
@@ -286,11 +358,18 @@ impl System {
             v.push(format!("{} Pods left", kube.live));
         }
         if self.sandbox.max_live() > self.spec.vm_capacity {
-            v.push(format!("{} live sandboxes at once, capacity {}", self.sandbox.max_live(), self.spec.vm_capacity));
+            v.push(format!(
+                "{} live sandboxes at once, capacity {}",
+                self.sandbox.max_live(),
+                self.spec.vm_capacity
+            ));
         }
         let mut attempts = HashSet::new();
         for s in self.sandbox.created().iter().filter(|s| s.allocated) {
-            let key = (s.metadata.get("jetrunner.io/assignment").cloned(), s.metadata.get("jetrunner.io/attempt").cloned());
+            let key = (
+                s.metadata.get("jetrunner.io/assignment").cloned(),
+                s.metadata.get("jetrunner.io/attempt").cloned(),
+            );
             if !attempts.insert(key.clone()) {
                 v.push(format!("two sandboxes for assignment attempt {key:?}"));
             }
@@ -315,11 +394,17 @@ impl System {
 
     /// Tail of every service's log, for failure messages.
     pub fn logs(&mut self) -> String {
-        self.services_mut().iter().map(|p| format!("--- {} ---\n{}\n", p.name, p.log_tail(30))).collect()
+        self.services_mut()
+            .iter()
+            .map(|p| format!("--- {} ---\n{}\n", p.name, p.log_tail(30)))
+            .collect()
     }
 }
 
-#[allow(clippy::too_many_arguments, reason = "one flat list of endpoints, written once")]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one flat list of endpoints, written once"
+)]
 fn config_toml(
     spec: &SystemSpec,
     ports: &Ports,
@@ -414,6 +499,9 @@ log_format = "json"
         grace = secs(spec.terminal_grace),
         lost = secs(spec.lost_timeout),
         max_attempts = spec.max_attempts,
-        create_timeout = spec.vm_create_timeout.map(|d| format!(", create_timeout = \"{}\"", secs(d))).unwrap_or_default(),
+        create_timeout = spec
+            .vm_create_timeout
+            .map(|d| format!(", create_timeout = \"{}\"", secs(d)))
+            .unwrap_or_default(),
     )
 }

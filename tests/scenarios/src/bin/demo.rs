@@ -40,7 +40,11 @@ fn progress(system: &System) -> (Row, Row) {
     let snapshot = system.forge.snapshot();
     let (mut pod, mut vm) = (Row::default(), Row::default());
     for job in &snapshot.jobs {
-        let row = if job.runs_on.iter().any(|l| l == "vm") { &mut vm } else { &mut pod };
+        let row = if job.runs_on.iter().any(|l| l == "vm") {
+            &mut vm
+        } else {
+            &mut pod
+        };
         match &job.status {
             Status::Waiting => row.queued += 1,
             Status::Running => row.running += 1,
@@ -55,7 +59,9 @@ fn progress(system: &System) -> (Row, Row) {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     tracing_subscriber::fmt().with_env_filter("warn").init();
-    println!("starting NATS, PostgreSQL, the simulated forge/Kubernetes/OpenSandbox and the four services…");
+    println!(
+        "starting NATS, PostgreSQL, the simulated forge/Kubernetes/OpenSandbox and the four services…"
+    );
     let mut system = System::start(SystemSpec {
         pod_capacity: args.pod_capacity,
         vm_capacity: args.vm_capacity,
@@ -64,17 +70,34 @@ async fn main() -> anyhow::Result<()> {
     .await?;
     let vm_jobs = (f64::from(args.jobs) * args.vm_share).round() as u32;
     let duration = args.job_ms.to_string();
-    system.enqueue("pod", args.jobs - vm_jobs, &[("JR_FAKE_DURATION_MS", &duration)]);
+    system.enqueue(
+        "pod",
+        args.jobs - vm_jobs,
+        &[("JR_FAKE_DURATION_MS", &duration)],
+    );
     system.enqueue("vm", vm_jobs, &[("JR_FAKE_DURATION_MS", &duration)]);
     let p = system.ports;
     println!();
     println!("  status page      http://127.0.0.1:{}/", p.status);
-    println!("  status API       http://127.0.0.1:{}/api/status", p.status);
-    println!("  metrics          http://127.0.0.1:{{{},{},{},{}}}/metrics  (scheduler, pod-worker, vm-worker, reconciler)", p.scheduler_ops, p.pod_ops, p.vm_ops, p.reconciler_ops);
+    println!(
+        "  status API       http://127.0.0.1:{}/api/status",
+        p.status
+    );
+    println!(
+        "  metrics          http://127.0.0.1:{{{},{},{},{}}}/metrics  (scheduler, pod-worker, vm-worker, reconciler)",
+        p.scheduler_ops, p.pod_ops, p.vm_ops, p.reconciler_ops
+    );
     println!("  facade           http://127.0.0.1:{}/", p.facade);
     println!("  fake forge       {}/_fake/stats", system.forge.url());
-    println!("  NATS             {}   monitoring {}/jsz?consumers=true", system.nats.url(), system.nats.monitor_url());
-    println!("                   nats -s {} stream ls; nats consumer info JR_ASSIGNMENTS pod-worker", system.nats.url());
+    println!(
+        "  NATS             {}   monitoring {}/jsz?consumers=true",
+        system.nats.url(),
+        system.nats.monitor_url()
+    );
+    println!(
+        "                   nats -s {} stream ls; nats consumer info JR_ASSIGNMENTS pod-worker",
+        system.nats.url()
+    );
     println!("  PostgreSQL       {}", system.database_url);
     println!("  service logs     {}", system.dir.path().display());
     println!();
@@ -84,7 +107,14 @@ async fn main() -> anyhow::Result<()> {
         print!(
             "\r[{:>5.1}s] pod: {:>3} queued {:>3} running {:>3} done {:>3} failed | vm: {:>3} queued {:>3} running {:>3} done {:>3} failed   ",
             started.elapsed().as_secs_f64(),
-            pod.queued, pod.running, pod.done, pod.failed, vm.queued, vm.running, vm.done, vm.failed
+            pod.queued,
+            pod.running,
+            pod.done,
+            pod.failed,
+            vm.queued,
+            vm.running,
+            vm.done,
+            vm.failed
         );
         use std::io::Write as _;
         let _ = std::io::stdout().flush();
@@ -92,8 +122,17 @@ async fn main() -> anyhow::Result<()> {
         if all_done {
             println!();
             let violations = system.violations();
-            if system.wait_no_workloads(Duration::from_secs(30)).await.is_ok() && violations.is_empty() {
-                println!("all {} jobs finished in {:.1}s; every Pod and VM was deleted.", args.jobs, started.elapsed().as_secs_f64());
+            if system
+                .wait_no_workloads(Duration::from_secs(30))
+                .await
+                .is_ok()
+                && violations.is_empty()
+            {
+                println!(
+                    "all {} jobs finished in {:.1}s; every Pod and VM was deleted.",
+                    args.jobs,
+                    started.elapsed().as_secs_f64()
+                );
             } else {
                 println!("finished with problems: {violations:?}");
             }
@@ -104,7 +143,11 @@ async fn main() -> anyhow::Result<()> {
             tokio::signal::ctrl_c().await?;
             return Ok(());
         }
-        if system.services_mut().iter_mut().any(|s| s.exited().is_some()) {
+        if system
+            .services_mut()
+            .iter_mut()
+            .any(|s| s.exited().is_some())
+        {
             println!();
             anyhow::bail!("a service stopped:\n{}", system.logs());
         }
