@@ -586,13 +586,10 @@ async fn the_projection_catches_up_after_a_postgres_outage() -> anyhow::Result<(
     Ok(())
 }
 
-/// Known bug (worker core, not the reconciler): a worker that starts adopts what it lists but
-/// never reports the workloads it owned that vanished while it was down, so the projection keeps
-/// them Running, nothing fails the task, and the job hangs at the forge until its 10-minute
-/// zombie reaper. Expected: `workload-observed(Gone)` + `released` for them at start (e.g. from
-/// the projection's live workloads of this backend), then the planner fails the task.
+/// A worker that starts compares the projection's live workloads of its backend with what the
+/// backend lists and reports the missing ones gone and released; the planner then fails the
+/// claimed task instead of leaving it to the forge's 10-minute zombie reaper.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "known bug: a worker does not report workloads that vanished while it was down"]
 async fn a_pod_deleted_while_its_worker_is_down_fails_the_task() -> anyhow::Result<()> {
     let mut system = System::start(SystemSpec::default()).await?;
     enqueue_named(
