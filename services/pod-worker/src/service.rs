@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use anyhow::Context as _;
 use jr_service::Process;
-use jr_worker::{Worker, settings_from_config};
+use jr_worker::settings_from_config;
 
 use crate::{PodBackend, PodTemplate};
 
@@ -48,17 +48,7 @@ pub async fn run(p: Process) -> anyhow::Result<()> {
         settings.backend.clone(),
         template,
     );
-    let projected =
-        jr_worker::projected_live(&p.config.database.url, settings.backend.as_str()).await;
-    let worker = Worker::new(p.bus, backend, settings);
-    worker.set_projected_live(projected);
-    worker.metrics.register(&mut p.metrics.registry());
-    let readiness = p.readiness.clone();
-    worker
-        .run(
-            move |ready| readiness.set("worker", ready),
-            p.shutdown.token(),
-        )
+    jr_worker::run_service(p, backend, settings)
         .await
         .map_err(Into::into)
 }

@@ -775,3 +775,23 @@ pub async fn projected_live(
         }
     }
 }
+
+/// The tail every worker binary shares: read the projection's view of this backend, build the
+/// worker, register its metrics and run it with readiness reporting until shutdown.
+pub async fn run_service<B: Backend>(
+    p: jr_service::Process,
+    backend: B,
+    settings: WorkerSettings,
+) -> Result<(), WorkerError> {
+    let projected = projected_live(&p.config.database.url, settings.backend.as_str()).await;
+    let worker = Worker::new(p.bus, backend, settings);
+    worker.set_projected_live(projected);
+    worker.metrics.register(&mut p.metrics.registry());
+    let readiness = p.readiness.clone();
+    worker
+        .run(
+            move |ready| readiness.set("worker", ready),
+            p.shutdown.token(),
+        )
+        .await
+}

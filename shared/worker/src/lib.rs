@@ -9,6 +9,8 @@ pub mod slots;
 pub mod token;
 
 pub use backend::{Backend, BackendError, ObservedWorkload, WorkloadSpec, workload_name};
-pub use core::{Worker, WorkerError, WorkerSettings, projected_live, settings_from_config};
+pub use core::{
+    Worker, WorkerError, WorkerSettings, projected_live, run_service, settings_from_config,
+};
 pub use metrics::WorkerMetrics;
 pub use token::{TokenKey, token_hash};
