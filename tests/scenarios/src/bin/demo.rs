@@ -30,10 +30,33 @@ struct Args {
 
 #[derive(Default)]
 struct Row {
+    /// Still waiting at the forge.
     queued: usize,
+    /// Fetched by jetrunner: waiting in JetStream for a slot, or running.
     running: usize,
+    /// Of those, waiting in JetStream for a free slot (the worker consumer's pending count).
+    waiting: Option<u64>,
     done: usize,
     failed: usize,
+}
+
+/// Queue depth per backend from the reconciler's status API.
+async fn queue_depths(client: &reqwest::Client, status_port: u16) -> Vec<(String, u64)> {
+    let url = format!("http://127.0.0.1:{status_port}/api/status");
+    let Ok(response) = client.get(url).send().await else {
+        return Vec::new();
+    };
+    let Ok(json) = response.json::<serde_json::Value>().await else {
+        return Vec::new();
+    };
+    json["backends"]
+        .as_array()
+        .map(|b| {
+            b.iter()
+                .filter_map(|b| Some((b["name"].as_str()?.to_owned(), b["queue_depth"].as_u64()?)))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 fn progress(system: &System) -> (Row, Row) {
@@ -102,17 +125,30 @@ async fn main() -> anyhow::Result<()> {
     println!("  service logs     {}", system.dir.path().display());
     println!();
     let started = std::time::Instant::now();
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(1))
+        .build()?;
     loop {
-        let (pod, vm) = progress(&system);
+        let (mut pod, mut vm) = progress(&system);
+        for (backend, depth) in queue_depths(&client, p.status).await {
+            match backend.as_str() {
+                "pod" => pod.waiting = Some(depth),
+                "vm" => vm.waiting = Some(depth),
+                _ => {}
+            }
+        }
+        let waiting = |r: &Row| r.waiting.map_or_else(|| "?".to_owned(), |w| w.to_string());
         print!(
-            "\r[{:>5.1}s] pod: {:>3} queued {:>3} running {:>3} done {:>3} failed | vm: {:>3} queued {:>3} running {:>3} done {:>3} failed   ",
+            "\r[{:>5.1}s] pod: {:>3} at forge {:>3} fetched ({:>3} waiting for a slot) {:>3} done {:>3} failed | vm: {:>3} at forge {:>3} fetched ({:>3} waiting) {:>3} done {:>3} failed ",
             started.elapsed().as_secs_f64(),
             pod.queued,
             pod.running,
+            waiting(&pod),
             pod.done,
             pod.failed,
             vm.queued,
             vm.running,
+            waiting(&vm),
             vm.done,
             vm.failed
         );
