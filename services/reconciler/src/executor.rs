@@ -7,6 +7,7 @@
 //! no lasting effect (a worker killed between deleting a workload and reporting it released),
 //! and the streams' duplicate window (minutes) would otherwise swallow every reissue.
 
+use jr_protocol::now_ms;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -16,13 +17,6 @@ use jr_protocol::{
 };
 
 use crate::planner::PlannedCommand;
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
 
 /// Publishes commands, skipping ones issued within `reissue_after` (they are in flight; the
 /// server would drop them as duplicates anyway, this saves the round trip).

@@ -1,5 +1,6 @@
 //! The reconciler process: projector (per stream), plan loop and status API.
 
+use jr_protocol::now_ms;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -33,13 +34,6 @@ pub fn planner_config(c: &jr_config::ReconcilerConfig) -> PlannerConfig {
 
 /// Shortest pause between two plans triggered by projected batches.
 const MIN_PLAN_GAP: Duration = Duration::from_millis(100);
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
 
 /// Connects and migrates, retrying while Postgres is not there yet.
 async fn open_store(url: &str, shutdown: &CancellationToken) -> anyhow::Result<Option<Store>> {

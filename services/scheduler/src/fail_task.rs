@@ -4,6 +4,7 @@
 
 use jr_bus::{Bus, Delivery, Disposition, PublishOnce};
 use jr_forge::ForgeClient;
+use jr_protocol::now_ms;
 use jr_protocol::{
     Envelope, FailTask, Kind, Message, STREAM_EVENTS, TaskFailed, TaskResult, Terminal,
     TerminalSource, subject,
@@ -11,13 +12,6 @@ use jr_protocol::{
 use std::time::Duration;
 
 use crate::forge_report::report_failure;
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
 
 pub async fn handle(bus: &Bus, forge: &ForgeClient, delivery: Delivery) -> Disposition {
     let envelope = delivery.envelope;

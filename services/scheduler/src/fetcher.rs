@@ -2,6 +2,7 @@
 //! protocol describes (gitea-runner-protocol.md §5.1), each publishing its task durably before
 //! it fetches again.
 
+use jr_protocol::now_ms;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -44,13 +45,6 @@ pub struct DispatchStats {
 pub enum FetchError {
     #[error("the forge no longer knows this runner: {0}")]
     Unregistered(#[source] jr_forge::ForgeError),
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 fn jittered(base: Duration) -> Duration {

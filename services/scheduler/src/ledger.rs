@@ -2,6 +2,7 @@
 //! subjects directly from the streams (no local index to rebuild after a restart); the
 //! once-only facts are settled by the server (`Nats-Expected-Last-Subject-Sequence: 0`).
 
+use jr_protocol::now_ms;
 use std::collections::HashMap;
 use std::sync::Mutex;
 
@@ -12,13 +13,6 @@ use jr_protocol::{
 };
 
 use crate::facade::{AssignmentView, Ledger, LedgerError};
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
 
 /// Facts that never change once seen are cached; everything else is read each time.
 #[derive(Clone, Default)]

@@ -261,12 +261,8 @@ where
     };
     loop {
         reap(&ctx.name, tasks);
-        let slot = tokio::select! {
-            () = shutdown.cancelled() => return Exit::Shutdown,
-            slot = slots.clone().acquire_owned() => match slot {
-                Ok(slot) => slot,
-                Err(_closed) => return Exit::Shutdown,
-            },
+        let Some(slot) = handler_slot(slots, shutdown).await else {
+            return Exit::Shutdown;
         };
         let next = tokio::select! {
             () = shutdown.cancelled() => return Exit::Shutdown,
@@ -308,12 +304,8 @@ where
 {
     loop {
         reap(&ctx.name, tasks);
-        let slot = tokio::select! {
-            () = shutdown.cancelled() => return Exit::Shutdown,
-            slot = slots.clone().acquire_owned() => match slot {
-                Ok(slot) => slot,
-                Err(_closed) => return Exit::Shutdown,
-            },
+        let Some(slot) = handler_slot(slots, shutdown).await else {
+            return Exit::Shutdown;
         };
         let permit = tokio::select! {
             () = shutdown.cancelled() => return Exit::Shutdown,
@@ -465,5 +457,16 @@ async fn settle<H>(message: &jetstream::Message, disposition: Disposition, ctx: 
         // Without a confirmed ack the server redelivers after ack_wait; handlers are idempotent.
         tracing::warn!(consumer = %ctx.name, %error, disposition = disposition.label(),
             "could not settle message; it will be redelivered");
+    }
+}
+
+/// A free handler slot, or `None` once shutdown fires (or the slots are closed).
+async fn handler_slot(
+    slots: &Arc<Semaphore>,
+    shutdown: &CancellationToken,
+) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    tokio::select! {
+        () = shutdown.cancelled() => None,
+        slot = slots.clone().acquire_owned() => slot.ok(),
     }
 }

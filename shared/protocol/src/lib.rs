@@ -16,6 +16,14 @@ pub use message::*;
 pub const SCHEMA_VERSION: u32 = 1;
 pub const SUPPORTED_SCHEMA_VERSIONS: &[u32] = &[1];
 
+/// The current time as envelopes carry it (`occurred_at`, `fetched_at`): unix milliseconds.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
 /// Stream names (design §3).
 pub const STREAM_ASSIGNMENTS: &str = "JR_ASSIGNMENTS";
 pub const STREAM_EVENTS: &str = "JR_EVENTS";

@@ -1,5 +1,6 @@
 //! The worker loop shared by both backends (design §2 "pod-worker and vm-worker").
 
+use jr_protocol::now_ms;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -54,13 +55,6 @@ pub struct Worker<B: Backend> {
     /// Workloads the projection counts as live on this backend (read at start, see `recover`).
     projected: Mutex<Vec<(AssignmentId, u32, String)>>,
     pub metrics: WorkerMetrics,
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 impl<B: Backend> Worker<B> {
