@@ -20,7 +20,7 @@
 //!
 //! The annotation `jetrunner.dev/runs-on` lists the job's `runs-on` labels.
 //!
-//! ## Executor environment (design §5)
+//! ## Executor environment (docs/architecture.md, "Executor contract")
 //!
 //! `JETRUNNER_FACADE_URL` and `JETRUNNER_ASSIGNMENT_ID` are plain env values.
 //! `JETRUNNER_RUNNER_TOKEN` comes from `valueFrom.secretKeyRef` (key `runner-token`) of the

@@ -1,5 +1,5 @@
 //! The scheduler's Prometheus metrics, read at scrape time from the fetchers' and the facade's
-//! counters (design §7: forge errors, dispatches, facade auth refusals, claims, terminals).
+//! counters (forge errors, dispatches, facade auth refusals, claims, terminals).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

@@ -1,5 +1,5 @@
-//! The facade's executor contract (design §5) over plain HTTP in token mode, against a recording
-//! fake forge and the MemoryLedger.
+//! The facade's executor contract (docs/architecture.md, "The facade") over plain HTTP in token
+//! mode, against a recording fake forge and the MemoryLedger.
 
 mod facade_support;
 

@@ -1,4 +1,4 @@
-//! The JetStream bus of jetrunner (design §3): the three streams and the durable consumers
+//! The JetStream bus of jetrunner (docs/architecture.md): the three streams and the durable consumers
 //! declared in code, publishing envelopes with readable headers, dedupe ids, once-only facts and
 //! W3C trace context, and a consumer loop that decodes, gates, traces and settles every message.
 //!

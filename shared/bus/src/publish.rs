@@ -54,7 +54,7 @@ fn failure_of(error: &PublishError) -> PublishFailure {
     }
 }
 
-/// Headers repeating the readable parts of an envelope (design §3).
+/// Headers repeating the readable parts of an envelope, so the NATS CLI shows what a message is.
 fn headers_for(subject: &str, envelope: &Envelope) -> HeaderMap {
     let mut headers = HeaderMap::new();
     headers.insert(async_nats::header::NATS_MESSAGE_ID, envelope.id.as_str());

@@ -1,4 +1,5 @@
-//! Streams and durable consumers declared in code (design §3), applied idempotently.
+//! Streams and durable consumers declared in code (docs/architecture.md, "Subjects and
+//! streams"), applied idempotently.
 
 use std::time::Duration;
 
@@ -169,7 +170,7 @@ impl Topology {
         self
     }
 
-    /// The stream configurations (design §3).
+    /// The stream configurations: assignments and events kept by age, commands as a work queue.
     pub fn streams(&self) -> Vec<stream::Config> {
         let base = |name: &str, subjects: &str| stream::Config {
             name: name.to_owned(),
@@ -302,7 +303,7 @@ impl Bus {
     }
 }
 
-/// Consumer counters (dependencies.md §2.2 explains each).
+/// Consumer counters (docs/operations.md explains each).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ConsumerCounts {
     /// Matching messages not yet delivered (the queue depth).

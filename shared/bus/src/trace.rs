@@ -1,6 +1,6 @@
-//! W3C trace context through NATS headers (dependencies.md §5.1). The bus always speaks W3C
+//! W3C trace context through NATS headers. The bus always speaks W3C
 //! `traceparent`/`tracestate`, independent of the global propagator, because that is the
-//! contract on the wire (design §3).
+//! contract on the wire (docs/architecture.md, "Subjects and streams").
 
 use async_nats::HeaderMap;
 use jr_protocol::TraceContext;

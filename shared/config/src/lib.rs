@@ -1,4 +1,4 @@
-//! One TOML file configures all four services (design §6). Environment variables
+//! One TOML file configures all four services (docs/configuration.md). Environment variables
 //! `JETRUNNER__<SECTION>__<KEY>` override keys (levels separated by `__`). Unknown keys are
 //! refused with an error naming the key; cross-key rules are checked by [`Config::validate`].
 

@@ -24,7 +24,7 @@ pub fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// Stream names (design §3).
+/// Stream names (docs/architecture.md, "Subjects and streams").
 pub const STREAM_ASSIGNMENTS: &str = "JR_ASSIGNMENTS";
 pub const STREAM_EVENTS: &str = "JR_EVENTS";
 pub const STREAM_COMMANDS: &str = "JR_COMMANDS";

@@ -194,7 +194,8 @@ pub struct Assignment {
 }
 
 /// Published before the workload can start: the token hash becomes durable before any executor
-/// can present the token (design §5 ordering).
+/// can present the token: the facade must be able to authenticate the executor's first call
+/// (docs/architecture.md, "The workers").
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WorkloadRequested {
     pub backend: BackendName,

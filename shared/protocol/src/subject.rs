@@ -1,4 +1,4 @@
-//! Subject builders and parsers (design §3):
+//! Subject builders and parsers (docs/architecture.md, "Subjects and streams"):
 //! `jr.assignment.<backend>.<assignment-id>`, `jr.event.<backend>.<assignment-id>.<kind>`,
 //! `jr.command.<target>.<kind>`.
 

@@ -1,4 +1,4 @@
-//! The ops endpoint of every service: `/healthz`, `/readyz`, `/metrics` (design §7).
+//! The ops endpoint of every service: `/healthz`, `/readyz`, `/metrics` (docs/operations.md).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

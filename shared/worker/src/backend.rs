@@ -7,7 +7,7 @@ use std::time::Duration;
 use jr_protocol::{AssignmentId, BackendName, WorkloadPhase};
 use tokio::sync::mpsc;
 
-/// Environment variable names of the executor contract (design §5).
+/// Environment variable names of the executor contract (docs/architecture.md, "Executor contract").
 pub const ENV_FACADE_URL: &str = "JETRUNNER_FACADE_URL";
 pub const ENV_ASSIGNMENT_ID: &str = "JETRUNNER_ASSIGNMENT_ID";
 pub const ENV_RUNNER_TOKEN: &str = "JETRUNNER_RUNNER_TOKEN";
@@ -37,7 +37,7 @@ impl WorkloadSpec {
         workload_name(self.assignment_id, self.attempt)
     }
 
-    /// The executor environment of design §5 (token included).
+    /// The executor environment of the executor contract (token included).
     pub fn executor_env(&self) -> BTreeMap<String, String> {
         BTreeMap::from([
             (ENV_FACADE_URL.to_owned(), self.facade_url.clone()),

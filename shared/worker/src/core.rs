@@ -1,4 +1,4 @@
-//! The worker loop shared by both backends (design §2 "pod-worker and vm-worker").
+//! The worker loop shared by both backends (docs/architecture.md, "The workers").
 
 use jr_protocol::now_ms;
 use std::collections::HashMap;
@@ -312,7 +312,8 @@ impl<B: Backend> Worker<B> {
         let spec = self.spec(assignment, id, attempt, token);
         let name = spec.name();
 
-        // The token hash is durable before the workload can start (design §5 ordering).
+        // The token hash is durable before the workload can start, so the facade can
+        // authenticate the executor's first call.
         let requested = Envelope::new(
             format!("workload-requested:{id}:{attempt}"),
             now_ms(),

@@ -1,4 +1,4 @@
-//! The worker's Prometheus metrics (design §7): slots used/total, dispatch latency and what
+//! The worker's Prometheus metrics (docs/operations.md): slots used/total, dispatch latency and what
 //! happened to assignments, commands and workloads.
 
 use prometheus_client::encoding::EncodeLabelSet;

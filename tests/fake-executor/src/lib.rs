@@ -1,7 +1,7 @@
-//! A fake act_runner in one-shot mode that follows the executor contract (design.md §5,
-//! gitea-runner-protocol.md §10 and §12.1): Declare, poll FetchTask until one task arrives, run
-//! it as the task's `JR_FAKE_*` vars describe while reporting logs and state, then send the
-//! final `UpdateLog(no_more)` followed by the final `UpdateTask(result)`.
+//! A fake act_runner in one-shot mode that follows the executor contract (docs/architecture.md,
+//! "Executor contract") and act_runner's one-shot behaviour: Declare, poll FetchTask until one
+//! task arrives, run it as the task's `JR_FAKE_*` vars describe while reporting logs and state,
+//! then send the final `UpdateLog(no_more)` followed by the final `UpdateTask(result)`.
 
 mod behaviour;
 mod log;

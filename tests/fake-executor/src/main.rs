@@ -1,6 +1,7 @@
 //! `fake-executor`: what demo workloads run instead of act_runner. Reads the executor contract's
-//! environment (design.md §5), runs one task, exits 0 when a final result was reported, 1 on an
-//! error, 2 when no task arrived, 3 when it abandoned its task on purpose.
+//! environment (docs/architecture.md, "Executor contract"), runs one task, exits 0 when a final
+//! result was reported, 1 on an error, 2 when no task arrived, 3 when it abandoned its task on
+//! purpose.
 //!
 //! Optional knobs: `JETRUNNER_FAKE_POLL_MS` (default 1000), `JETRUNNER_FAKE_GIVE_UP_SECS`
 //! (default 120), `JETRUNNER_FAKE_MISBEHAVIOUR` (`wrong-task-id`, `crash-after-claim`,

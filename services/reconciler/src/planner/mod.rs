@@ -1,6 +1,7 @@
-//! The planner (design §2 reconciler): a pure function from a projection [`Snapshot`] and `now`
-//! to the commands that clean up and retry. It keeps no state between runs; every decision has a
-//! deterministic id, so running it after every batch and on a timer is safe.
+//! The planner (docs/architecture.md, "Planner"): a pure function from a projection
+//! [`Snapshot`] and `now` to the commands that clean up and retry. It keeps no state between
+//! runs; every decision has a deterministic id, so running it after every batch and on a timer
+//! is safe.
 //!
 //! Per assignment that is not finished:
 //! - task final (terminal marker or task failure): delete each live workload at once when the

@@ -136,8 +136,9 @@ pub(crate) enum Authenticated {
         /// `token`, or the SPIFFE id: recorded in `claimed`.
         executor: String,
     },
-    /// The assignment (or its token hash) is not visible yet; it may become so (design §5
-    /// ordering), so the caller must not be told it is unauthenticated.
+    /// The assignment (or its token hash) is not visible yet; it may become so (the worker
+    /// publishes the hash before the workload starts), so the caller must not be told it is
+    /// unauthenticated: act_runner gives up when its first call is refused.
     Pending,
 }
 

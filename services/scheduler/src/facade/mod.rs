@@ -1,4 +1,4 @@
-//! The RunnerService facade executors talk to (design §5).
+//! The RunnerService facade executors talk to (docs/architecture.md, "The facade").
 //!
 //! Executors are unmodified act_runner processes whose `address` is the facade. Each one
 //! authenticates as one assignment (token and/or SPIFFE mTLS), receives its own forge task exactly

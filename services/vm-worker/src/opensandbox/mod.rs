@@ -1,5 +1,5 @@
-//! Client of the OpenSandbox Lifecycle API (`/v1`), written against
-//! `shared/docs/opensandbox-lifecycle.md` and the 1.1.x server on its Kubernetes runtime.
+//! Client of the OpenSandbox Lifecycle API (`/v1`), written against the API's specification and
+//! the 1.1.x server on its Kubernetes runtime.
 
 mod labels;
 mod model;
