@@ -1,5 +1,5 @@
 //! N concurrent fetchers under one registration, sharing one `tasks_version` exactly as the
-//! protocol describes (gitea-runner-protocol.md §5.1), each publishing its task durably before
+//! runner protocol describes (a runner echoes the last version it saw), each publishing its task durably before
 //! it fetches again.
 
 use jr_protocol::now_ms;

@@ -1,4 +1,4 @@
-//! Wire sanity checks from gitea-runner-protocol.md §3.10 and §2.4.
+//! Wire sanity checks of Gitea's runner protocol: message encodings and the Connect error shape.
 
 use jr_forge::Code;
 use jr_forge::proto::ping::v1::PingRequest;

@@ -191,7 +191,7 @@ async fn declare(
     }
 }
 
-/// Polls FetchTask, keeping `tasks_version` as act_runner does (§5.1), until a task or the
+/// Polls FetchTask, keeping `tasks_version` as act_runner does, until a task or the
 /// deadline. An "unregistered runner" reply ends the run (the 2026 runner stops polling too).
 async fn poll_for_task(
     client: &ForgeClient,

@@ -1,4 +1,4 @@
-//! Client side of UpdateLog (gitea-runner-protocol.md §7): a buffer of unacknowledged rows
+//! Client side of UpdateLog (the forge acknowledges rows by index): a buffer of unacknowledged rows
 //! starting at `offset`, the last index the server acknowledged.
 
 use std::time::SystemTime;

@@ -28,7 +28,7 @@ impl FakeForgeError {
     }
 }
 
-/// How RPC errors look on the wire (protocol §2.4).
+/// How RPC errors look on the wire (Connect error JSON).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorStyle {

@@ -16,7 +16,7 @@ pub enum Rpc {
 }
 
 impl Rpc {
-    /// URL path below the instance root (§2.1).
+    /// URL path below the instance root.
     pub fn path(self) -> &'static str {
         match self {
             Self::Ping => "/api/actions/ping.v1.PingService/Ping",

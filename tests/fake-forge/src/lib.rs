@@ -1,8 +1,8 @@
 //! A faithful fake Gitea/Forgejo RunnerService for tests, demo and benchmark.
 //!
 //! [`FakeForge::start`] binds an axum server (default `127.0.0.1:0`) that serves the Connect
-//! routes of `gitea-runner-protocol.md` §2.1 under `/api/actions/…` (binary protobuf only)
-//! and a JSON admin API under `/_fake/…`. The state machine follows §4–§8: reusable global
+//! routes of Gitea's RunnerService under `/api/actions/…` (binary protobuf only)
+//! and a JSON admin API under `/_fake/…`. The state machine follows Gitea's: reusable global
 //! registration tokens, the auth interceptor, `tasks_version` with its fast path, `runs-on` ⊆
 //! labels picking (oldest first, one task per job, fresh task ids and tokens), sticky final
 //! results, first-write-wins outputs, UpdateLog ack/archive rules, cancellation and reapers

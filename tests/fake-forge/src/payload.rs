@@ -1,4 +1,4 @@
-//! Builds the `Task` message a runner receives (§5.3–§5.5): single-job YAML, context, secrets.
+//! Builds the `Task` message a runner receives: single-job YAML, context, secrets.
 
 use std::collections::BTreeMap;
 

@@ -1,4 +1,4 @@
-//! Connect unary handlers for `/api/actions/…` (protocol §2): decode, fault plan, auth, state
+//! Connect unary handlers for `/api/actions/…`: decode, fault plan, auth, state
 //! call, encode or render the error in the active style.
 
 use std::sync::Arc;

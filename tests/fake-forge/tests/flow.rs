@@ -1,4 +1,4 @@
-//! Registration, Declare, FetchTask: the §4/§5 flow over real HTTP.
+//! Registration, Declare, FetchTask: the registration and fetch flow over real HTTP.
 
 mod common;
 

@@ -1,4 +1,4 @@
-//! UpdateTask (§6), UpdateLog (§7), cancellation and reapers (§8).
+//! UpdateTask, UpdateLog, cancellation and reapers.
 
 mod common;
 

@@ -1,6 +1,6 @@
 //! A fake OpenSandbox Lifecycle server (1.1.1 on its Kubernetes runtime) with a simulation mode.
 //!
-//! It reproduces what a client can observe (opensandbox-lifecycle.md): API-key auth, pooled
+//! It reproduces what a client can observe of the 1.1.x server: API-key auth, pooled
 //! creates that block and answer 202 `Running`, label validation (400) and FastAPI's 422 shape,
 //! the nested `metadata` list filter with paging (`pageSize` ≤ 200), `Stopping` then 404 after a
 //! delete or expiry, 429 + `Retry-After` when a pool stays exhausted, 504 with clean-up. It records

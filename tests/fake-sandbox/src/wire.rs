@@ -1,5 +1,5 @@
 //! What the fake puts on and reads from the wire: error shapes, label rules, query strings and
-//! sandbox JSON, each as the real 1.1.1 server does it (opensandbox-lifecycle.md §4, §5, §7).
+//! sandbox JSON, each as the real 1.1.1 server does it.
 
 use axum::Json;
 use axum::http::{HeaderValue, StatusCode};

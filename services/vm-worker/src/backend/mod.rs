@@ -156,7 +156,7 @@ impl Tracked {
     }
 }
 
-/// Doc §6.2 mapping: `Terminated | Failed` terminal, `Stopping` terminating, unknown strings
+/// Lifecycle state mapping: `Terminated | Failed` terminal, `Stopping` terminating, unknown strings
 /// non-terminal. (A 404 is `Gone`, decided by the caller.)
 pub fn phase_of(status: &SandboxStatus) -> (WorkloadPhase, Option<String>) {
     let reason = || {

@@ -1,4 +1,4 @@
-//! Metadata on a sandbox becomes Kubernetes labels (doc §5), so keys and values must follow label
+//! Metadata on a sandbox becomes Kubernetes labels (Kubernetes runtime), so keys and values must follow label
 //! syntax, and the list filter is a query string nested inside one query parameter.
 
 use std::collections::BTreeMap;
@@ -114,7 +114,7 @@ pub(crate) fn percent_encode(s: &str) -> String {
 }
 
 /// The inner value of the `metadata` list parameter: `k1=v1&k2=v2` with each key and value
-/// percent-encoded (doc §5). The HTTP client encodes the result once more as the parameter value.
+/// percent-encoded. The HTTP client encodes the result once more as the parameter value.
 pub fn encode_metadata_filter(filter: &BTreeMap<String, String>) -> String {
     filter
         .iter()

@@ -1,4 +1,4 @@
-//! Wire types of the Lifecycle API (doc §4). Responses omit null fields, so everything optional
+//! Wire types of the Lifecycle API. Responses omit null fields, so everything optional
 //! is `#[serde(default)]`; unknown fields and unknown states are tolerated.
 
 use std::collections::BTreeMap;
@@ -44,7 +44,7 @@ impl SandboxState {
         }
     }
 
-    /// Doc §6.2 rule: `Terminated` and `Failed` are terminal (and so is a 404).
+    /// Lifecycle rule: `Terminated` and `Failed` are terminal (and so is a 404).
     pub fn is_terminal(&self) -> bool {
         matches!(self, SandboxState::Terminated | SandboxState::Failed)
     }
@@ -164,7 +164,7 @@ pub struct SandboxPage {
     pub pagination: Pagination,
 }
 
-/// A pooled create (doc §11.1). Image, resources and runtime class come from the Pool.
+/// A pooled create (`extensions.poolRef`). Image, resources and runtime class come from the Pool.
 /// `Debug` shows env keys only: the env carries the executor token.
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct CreateSandbox {
@@ -210,7 +210,7 @@ pub(crate) struct Expiration {
     pub expires_at: OffsetDateTime,
 }
 
-/// The two error shapes (doc §7): `{"code","message"}` and FastAPI's 422 `{"detail":[…]}`.
+/// The two error shapes of the server: `{"code","message"}` and FastAPI's 422 `{"detail":[…]}`.
 #[derive(Deserialize)]
 #[serde(untagged)]
 pub(crate) enum ErrorBody {

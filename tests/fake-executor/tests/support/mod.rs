@@ -133,7 +133,7 @@ async fn fetch_task(State(f): State<Shared>, headers: HeaderMap, body: Bytes) ->
     })
 }
 
-/// UpdateLog with Gitea's ack rules (gitea-runner-protocol.md §7).
+/// UpdateLog with Gitea's ack rules.
 async fn update_log(State(f): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
     if !authenticated(&headers) {
         return connect_error(Code::Unauthenticated, "unregistered runner");
@@ -178,7 +178,7 @@ async fn update_log(State(f): State<Shared>, headers: HeaderMap, body: Bytes) ->
     })
 }
 
-/// UpdateTask with sticky final states and first-write-wins outputs (§6).
+/// UpdateTask with sticky final states and first-write-wins outputs, as Gitea does.
 async fn update_task(State(f): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
     if !authenticated(&headers) {
         return connect_error(Code::Unauthenticated, "unregistered runner");

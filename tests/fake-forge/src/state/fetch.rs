@@ -1,4 +1,4 @@
-//! FetchTask (§5.1–§5.2): the tasks_version fast path and picking a job for a runner.
+//! FetchTask: the tasks_version fast path and picking a job for a runner.
 
 use std::collections::BTreeMap;
 use std::time::SystemTime;
@@ -31,7 +31,7 @@ impl State {
         })
     }
 
-    /// §5.2: first waiting job (oldest first) whose `runs-on` ⊆ the runner's labels.
+    /// The first waiting job (oldest first) whose `runs-on` ⊆ the runner's labels.
     fn pick(&mut self, caller: &str, now: SystemTime) -> Result<Option<pb::Task>, RpcError> {
         let ephemeral = self
             .runners

@@ -1,4 +1,4 @@
-//! The forge's state machine: registration, auth, queue and picking (protocol §4, §5).
+//! The forge's state machine: registration, auth, queue and picking, as Gitea does them.
 //! Pure: every method takes `now` and returns a reply or an `RpcError`; no IO here.
 
 mod fetch;
@@ -193,7 +193,7 @@ impl State {
         })
     }
 
-    /// The interceptor (§4.4): returns the caller's uuid.
+    /// The auth interceptor: returns the caller's uuid.
     pub fn authenticate(
         &mut self,
         uuid: &str,
@@ -246,7 +246,7 @@ impl State {
         }
     }
 
-    /// The counter a global runner reads; created as 1 so a reply never says 0 (§5.1).
+    /// The counter a global runner reads; created as 1 so a reply never says 0.
     fn latest_tasks_version(&mut self) -> i64 {
         if self.tasks_version == 0 {
             self.tasks_version = 1;

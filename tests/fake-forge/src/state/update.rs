@@ -1,4 +1,4 @@
-//! UpdateTask (§6), UpdateLog (§7), server-side cancellation and the reapers (§8).
+//! UpdateTask, UpdateLog, server-side cancellation and the reapers.
 
 use std::time::{Duration, SystemTime};
 
