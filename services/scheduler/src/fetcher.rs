@@ -1,6 +1,6 @@
 //! N concurrent fetchers under one registration, sharing one `tasks_version` exactly as the
-//! runner protocol describes (a runner echoes the last version it saw), each publishing its task durably before
-//! it fetches again.
+//! runner protocol describes (a runner echoes the last version it saw), each publishing its task
+//! durably before it fetches again.
 
 use jr_protocol::now_ms;
 use std::collections::BTreeMap;
