@@ -3,11 +3,13 @@
 //! refused with an error naming the key; cross-key rules are checked by [`Config::validate`].
 
 mod model;
+mod secret;
 mod validate;
 
 use std::path::Path;
 
 pub use model::*;
+pub use secret::{check_secret_file, read_secret_file, secret_mode_problem};
 
 /// Prefix of environment overrides, e.g. `JETRUNNER__NATS__URL=nats://nats:4222`.
 pub const ENV_PREFIX: &str = "JETRUNNER__";
@@ -22,6 +24,15 @@ pub enum ConfigError {
     Key { key: String, message: String },
     #[error("environment override {var}: {message}")]
     Env { var: String, message: String },
+    #[error(
+        "config key `{key}`: secret file {path} {problem} (mode {mode:04o}); make it readable by its owner only: chmod 600 {path}"
+    )]
+    SecretFileMode {
+        key: String,
+        path: String,
+        problem: &'static str,
+        mode: u32,
+    },
 }
 
 impl ConfigError {
@@ -31,6 +42,7 @@ impl ConfigError {
             ConfigError::Parse { .. } => "parse",
             ConfigError::Key { .. } => "key",
             ConfigError::Env { .. } => "env",
+            ConfigError::SecretFileMode { .. } => "secret-file-mode",
         }
     }
 
@@ -48,7 +60,9 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
         path: path.display().to_string(),
         message: e.to_string(),
     })?;
-    load_str(&text, &path.display().to_string(), std::env::vars())
+    let config = load_str(&text, &path.display().to_string(), std::env::vars())?;
+    config.check_secret_files()?;
+    Ok(config)
 }
 
 /// Like [`load`] with the file text and environment given (tests).
@@ -125,20 +139,53 @@ fn parse_scalar(raw: &str) -> toml::Value {
     }
 }
 
-/// Reads a secret given inline or as a file path (files win; trailing newline trimmed).
+/// Reads a secret given inline or as a file path (files win; trailing newline trimmed). A file
+/// other users can read is refused ([`check_secret_file`]).
 pub fn read_secret(
     key: &str,
     inline: &Option<String>,
     file: &Option<std::path::PathBuf>,
 ) -> Result<Option<String>, ConfigError> {
     if let Some(path) = file {
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
-            path: format!("{} (from `{key}_file`)", path.display()),
-            message: e.to_string(),
-        })?;
+        let text = read_secret_file(&format!("{key}_file"), path)?;
         return Ok(Some(text.trim_end_matches(['\n', '\r']).to_owned()));
     }
     Ok(inline.clone())
+}
+
+impl Config {
+    /// Refuses every configured secret file that exists and that other users can read. Files
+    /// that do not exist here are left to the service that reads them (each service mounts only
+    /// its own secrets).
+    pub fn check_secret_files(&self) -> Result<(), ConfigError> {
+        let files = [
+            ("nats.credentials_file", &self.nats.credentials_file),
+            (
+                "forge.registration_token_file",
+                &self.forge.registration_token_file,
+            ),
+            ("forge.runner_token_file", &self.forge.runner_token_file),
+            ("facade.tls_key_file", &self.facade.tls_key_file),
+            ("scheduler.seal_keys_file", &self.scheduler.seal_keys_file),
+            ("pod_worker.token_key_file", &self.pod_worker.token_key_file),
+            ("vm_worker.token_key_file", &self.vm_worker.token_key_file),
+        ];
+        for (key, path) in files {
+            if let Some(path) = path {
+                check_secret_file(key, path)?;
+            }
+        }
+        for (name, backend) in &self.backend {
+            if let Some(path) = backend
+                .opensandbox
+                .as_ref()
+                .and_then(|o| o.api_key_file.as_ref())
+            {
+                check_secret_file(&format!("backend.{name}.opensandbox.api_key_file"), path)?;
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -33,7 +33,7 @@ pub struct Config {
     pub telemetry: TelemetryConfig,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NatsConfig {
     pub url: String,
@@ -43,7 +43,7 @@ pub struct NatsConfig {
     pub stream_replicas: usize,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DatabaseConfig {
     #[serde(default = "default_database_url")]
@@ -61,7 +61,7 @@ impl Default for DatabaseConfig {
     }
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ForgeConfig {
     pub url: String,
@@ -148,7 +148,7 @@ pub enum BackendKind {
     Vm,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BackendConfig {
     pub kind: BackendKind,
@@ -196,7 +196,7 @@ pub struct KubernetesConfig {
     pub api_url: Option<String>,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OpenSandboxConfig {
     pub url: String,
@@ -219,7 +219,7 @@ fn default_sandbox_create_timeout() -> Duration {
     Duration::from_secs(120)
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SchedulerConfig {
     #[serde(default = "default_scheduler_ops")]
@@ -246,7 +246,7 @@ impl Default for SchedulerConfig {
     }
 }
 
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WorkerConfig {
     /// Which `[backend.<name>]` this worker serves (default: `pod` / `vm`).
