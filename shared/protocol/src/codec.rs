@@ -17,6 +17,10 @@ pub enum DecodeError {
     UnknownKind(String),
     #[error("malformed {kind} body: {reason}")]
     Body { kind: Kind, reason: String },
+    /// Well-formed, but a value is outside what jetrunner accepts (a NUL in a string, a string
+    /// too long, a time Postgres cannot store; see the `validate` module).
+    #[error("invalid {kind}: {reason}")]
+    Invalid { kind: Kind, reason: String },
 }
 
 impl DecodeError {
@@ -27,6 +31,7 @@ impl DecodeError {
             DecodeError::UnsupportedVersion(_) => "version",
             DecodeError::UnknownKind(_) => "unknown-kind",
             DecodeError::Body { .. } => "body",
+            DecodeError::Invalid { .. } => "invalid",
         }
     }
 }
@@ -64,6 +69,7 @@ fn body_value(message: &Message) -> ciborium::Value {
         Message::TaskFailed(b) => to_value(b),
         Message::DeleteWorkload(b) => to_value(b),
         Message::FailTask(b) => to_value(b),
+        Message::Redispatch(b) => to_value(b),
     }
 }
 
@@ -116,8 +122,9 @@ pub fn decode(bytes: &[u8]) -> Result<Envelope, DecodeError> {
         Kind::TaskFailed => Message::TaskFailed(body(kind, v)?),
         Kind::DeleteWorkload => Message::DeleteWorkload(body(kind, v)?),
         Kind::FailTask => Message::FailTask(body(kind, v)?),
+        Kind::Redispatch => Message::Redispatch(body(kind, v)?),
     };
-    Ok(Envelope {
+    let envelope = Envelope {
         schema_version: wire.schema_version,
         id: wire.id,
         occurred_at: wire.occurred_at,
@@ -125,7 +132,9 @@ pub fn decode(bytes: &[u8]) -> Result<Envelope, DecodeError> {
         attempt: wire.attempt,
         trace: wire.trace,
         message,
-    })
+    };
+    crate::validate::check(&envelope).map_err(|reason| DecodeError::Invalid { kind, reason })?;
+    Ok(envelope)
 }
 
 /// A JSON rendering for people (`jr decode`). Sealed bytes are summarised, never printed.

@@ -6,10 +6,14 @@ mod codec;
 mod ids;
 mod message;
 pub mod subject;
+mod validate;
 
 pub use codec::{DecodeError, decode, encode, to_json};
 pub use ids::{AssignmentId, BackendName, InvalidName};
 pub use message::*;
+pub use validate::{
+    MAX_ATTEMPT, MAX_DURATION_SECS, MAX_LABELS, MAX_NAME_BYTES, MAX_TEXT_BYTES, MAX_TIME_MS,
+};
 
 /// The envelope version this build writes. Decoding accepts every version listed in
 /// [`SUPPORTED_SCHEMA_VERSIONS`].

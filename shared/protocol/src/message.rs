@@ -69,10 +69,11 @@ pub enum Kind {
     TaskFailed,
     DeleteWorkload,
     FailTask,
+    Redispatch,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 12] = [
+    pub const ALL: [Kind; 13] = [
         Kind::Assignment,
         Kind::WorkloadRequested,
         Kind::WorkloadCreated,
@@ -85,6 +86,7 @@ impl Kind {
         Kind::TaskFailed,
         Kind::DeleteWorkload,
         Kind::FailTask,
+        Kind::Redispatch,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -101,6 +103,7 @@ impl Kind {
             Kind::TaskFailed => "task-failed",
             Kind::DeleteWorkload => "delete-workload",
             Kind::FailTask => "fail-task",
+            Kind::Redispatch => "redispatch",
         }
     }
 
@@ -116,7 +119,7 @@ impl Kind {
     pub fn is_event(self) -> bool {
         !matches!(
             self,
-            Kind::Assignment | Kind::DeleteWorkload | Kind::FailTask
+            Kind::Assignment | Kind::DeleteWorkload | Kind::FailTask | Kind::Redispatch
         )
     }
 }
@@ -141,6 +144,7 @@ pub enum Message {
     TaskFailed(TaskFailed),
     DeleteWorkload(DeleteWorkload),
     FailTask(FailTask),
+    Redispatch(Redispatch),
 }
 
 impl Message {
@@ -158,6 +162,7 @@ impl Message {
             Message::TaskFailed(_) => Kind::TaskFailed,
             Message::DeleteWorkload(_) => Kind::DeleteWorkload,
             Message::FailTask(_) => Kind::FailTask,
+            Message::Redispatch(_) => Kind::Redispatch,
         }
     }
 }
@@ -328,5 +333,15 @@ pub struct DeleteWorkload {
 pub struct FailTask {
     pub forge_task_id: i64,
     pub backend: BackendName,
+    pub reason: String,
+}
+
+/// Command to the scheduler (`jr.command.scheduler.redispatch`): publish attempt `next_attempt`
+/// of the assignment named by the envelope, re-using the scheduler's own last published
+/// assignment message. The scheduler is the only writer of `jr.assignment.>`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Redispatch {
+    pub backend: BackendName,
+    pub next_attempt: u32,
     pub reason: String,
 }

@@ -75,7 +75,7 @@ pub fn parse(subject: &str) -> Result<ParsedSubject, BadSubject> {
         ["jr", "command", target, kind] if !target.is_empty() => Ok(ParsedSubject::Command {
             target: (*target).to_owned(),
             kind: Kind::parse(kind)
-                .filter(|k| matches!(k, Kind::DeleteWorkload | Kind::FailTask))
+                .filter(|k| matches!(k, Kind::DeleteWorkload | Kind::FailTask | Kind::Redispatch))
                 .ok_or_else(bad)?,
         }),
         _ => Err(bad()),

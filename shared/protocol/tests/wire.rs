@@ -85,6 +85,11 @@ fn samples() -> Vec<Envelope> {
             backend: pod(),
             reason: "pod evicted".into(),
         }),
+        Message::Redispatch(Redispatch {
+            backend: pod(),
+            next_attempt: 2,
+            reason: "workload failed before claim: evicted".into(),
+        }),
     ];
     messages
         .into_iter()
@@ -205,7 +210,7 @@ proptest! {
     }
 
     #[test]
-    fn decoding_mutated_messages_never_panics(index in 0usize..12, flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..8)) {
+    fn decoding_mutated_messages_never_panics(index in 0usize..13, flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..8)) {
         let mut bytes = encode(&samples()[index]);
         for (pos, val) in flips {
             let len = bytes.len();
@@ -215,7 +220,7 @@ proptest! {
     }
 
     #[test]
-    fn truncated_messages_are_errors(index in 0usize..12, cut in 1usize..64) {
+    fn truncated_messages_are_errors(index in 0usize..13, cut in 1usize..64) {
         let bytes = encode(&samples()[index]);
         let keep = bytes.len().saturating_sub(cut);
         prop_assert!(decode(&bytes[..keep]).is_err());

@@ -17,8 +17,8 @@ fn min_time(current: Option<u64>, at: u64) -> Option<u64> {
 }
 
 impl AssignmentRecord {
-    /// Applies one message with stream sequence `seq`. Commands (`delete-workload`, `fail-task`)
-    /// are not projected and leave the record untouched.
+    /// Applies one message with stream sequence `seq`. Commands (`delete-workload`, `fail-task`,
+    /// `redispatch`) are not projected and leave the record untouched.
     pub fn apply(&mut self, seq: u64, envelope: &Envelope) {
         let at = envelope.occurred_at;
         let attempt = envelope.attempt;
@@ -124,7 +124,7 @@ impl AssignmentRecord {
                     failed_at: at,
                 });
             }
-            Message::DeleteWorkload(_) | Message::FailTask(_) => return,
+            Message::DeleteWorkload(_) | Message::FailTask(_) | Message::Redispatch(_) => return,
         }
         self.updated_at = self.updated_at.max(at);
     }

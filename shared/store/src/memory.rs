@@ -17,6 +17,9 @@ pub struct ApplyStats {
     pub skipped: usize,
     /// Assignments whose records were written.
     pub touched: usize,
+    /// Items recorded in the quarantine instead of applied (undecodable or refused by the
+    /// database); they count towards the checkpoint like applied ones.
+    pub quarantined: usize,
     /// The stream's checkpoint after the batch.
     pub checkpoint: u64,
 }

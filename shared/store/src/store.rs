@@ -74,16 +74,73 @@ impl Store {
         MIGRATOR.run(&self.pool).await.map_err(StoreError::Migrate)
     }
 
-    /// Applies `items` (stream sequence, message) of `stream` in one transaction: items at or
-    /// below the stream's checkpoint (or not above an earlier item of the batch) are skipped, the
-    /// rest folded into their assignment records in order, the changed rows written and the
-    /// checkpoint advanced. Idempotent: replaying any prefix changes nothing.
+    /// Applies `items` (stream sequence, message) of `stream`; see [`Store::apply_messages`],
+    /// which this is for messages that were decoded already (subject and size unknown).
     pub async fn apply_batch(
         &self,
         stream: &str,
         items: &[(u64, Envelope)],
     ) -> Result<ApplyStats, StoreError> {
-        let mut tx = self.pool.begin().await.map_err(q("begin"))?;
+        let items: Vec<Item<'_>> = items
+            .iter()
+            .map(|(seq, envelope)| Item {
+                seq: *seq,
+                subject: "",
+                size: 0,
+                content: Ok(envelope),
+            })
+            .collect();
+        self.apply_items(stream, &items).await
+    }
+
+    /// Applies the messages of `stream` in one transaction: items at or below the stream's
+    /// checkpoint (or not above an earlier item of the batch) are skipped, the rest folded into
+    /// their assignment records in order, the changed rows written and the checkpoint advanced.
+    /// Idempotent: replaying any prefix changes nothing.
+    ///
+    /// Poison-safe: a message that could not be decoded, or that the database refuses (a data
+    /// error such as an invalid string or an out-of-range time, a constraint, a size limit), is
+    /// recorded in `quarantine` and skipped; the checkpoint moves past it. When the batch as a
+    /// whole hits a data error it is applied again message by message, each in a savepoint, so
+    /// only the message that causes it is quarantined. Any other error (connection lost,
+    /// serialization failure, ...) is returned without quarantining anything: the caller
+    /// retries the same batch.
+    pub async fn apply_messages(
+        &self,
+        stream: &str,
+        messages: &[StreamMessage],
+    ) -> Result<ApplyStats, StoreError> {
+        let items: Vec<Item<'_>> = messages
+            .iter()
+            .map(|m| Item {
+                seq: m.seq,
+                subject: &m.subject,
+                size: m.size,
+                content: m.content.as_ref().map_err(String::as_str),
+            })
+            .collect();
+        self.apply_items(stream, &items).await
+    }
+
+    async fn apply_items(
+        &self,
+        stream: &str,
+        items: &[Item<'_>],
+    ) -> Result<ApplyStats, StoreError> {
+        match self.apply_together(stream, items).await {
+            Err(e) if e.is_data_error() => {
+                tracing::warn!(stream, error = %e, "batch refused by the database; applying it message by message");
+                self.apply_one_by_one(stream, items).await
+            }
+            other => other,
+        }
+    }
+
+    /// Locks the projection for this transaction and returns the stream's checkpoint.
+    async fn lock_checkpoint(
+        tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+        stream: &str,
+    ) -> Result<u64, StoreError> {
         let stored: i64 = sqlx::query_scalar(
             "INSERT INTO projector_checkpoint (stream, last_seq) \
              SELECT $1, 0 FROM (SELECT pg_advisory_xact_lock($2)) AS locked \
@@ -92,65 +149,164 @@ impl Store {
         )
         .bind(stream)
         .bind(PROJECTOR_LOCK)
-        .fetch_one(&mut *tx)
+        .fetch_one(&mut **tx)
         .await
         .map_err(q("read checkpoint"))?;
-        let stored = u64::try_from(stored).unwrap_or(0);
+        Ok(u64::try_from(stored).unwrap_or(0))
+    }
 
+    async fn write_checkpoint(
+        tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+        stream: &str,
+        checkpoint: u64,
+    ) -> Result<(), StoreError> {
+        sqlx::query("UPDATE projector_checkpoint SET last_seq = $2 WHERE stream = $1")
+            .bind(stream)
+            .bind(crate::rows::db_ms(checkpoint))
+            .execute(&mut **tx)
+            .await
+            .map_err(q("write checkpoint"))?;
+        Ok(())
+    }
+
+    /// The items above the checkpoint, in order; counts the rest as skipped.
+    fn fresh<'i, 'a>(
+        items: &'i [Item<'a>],
+        stored: u64,
+        stats: &mut ApplyStats,
+    ) -> Vec<&'i Item<'a>> {
         let mut checkpoint = stored;
-        let mut stats = ApplyStats::default();
         let mut fresh = Vec::with_capacity(items.len());
-        for (seq, envelope) in items {
-            if *seq <= checkpoint {
+        for item in items {
+            if item.seq <= checkpoint {
                 stats.skipped += 1;
             } else {
-                checkpoint = *seq;
-                fresh.push((*seq, envelope));
+                checkpoint = item.seq;
+                fresh.push(item);
             }
         }
-        stats.applied = fresh.len();
         stats.checkpoint = checkpoint;
+        fresh
+    }
+
+    /// The fast path: every fresh message folded and written with one statement per table.
+    async fn apply_together(
+        &self,
+        stream: &str,
+        items: &[Item<'_>],
+    ) -> Result<ApplyStats, StoreError> {
+        let mut tx = self.pool.begin().await.map_err(q("begin"))?;
+        let stored = Self::lock_checkpoint(&mut tx, stream).await?;
+        let mut stats = ApplyStats::default();
+        let fresh = Self::fresh(items, stored, &mut stats);
         if fresh.is_empty() {
             tx.commit().await.map_err(q("commit"))?;
             return Ok(stats);
         }
-
-        let ids: BTreeSet<Uuid> = fresh.iter().map(|(_, e)| e.assignment_id.0).collect();
-        let ids: Vec<Uuid> = ids.into_iter().collect();
-        let before: BTreeMap<AssignmentId, AssignmentRecord> =
-            decode(load_rows(&mut tx, Scope::Ids(&ids)).await?)?
-                .into_iter()
-                .map(|r| (r.id, r))
-                .collect();
-        let mut after = before.clone();
-        for (seq, envelope) in &fresh {
-            after
-                .entry(envelope.assignment_id)
-                .or_insert_with(|| AssignmentRecord::new(envelope.assignment_id))
-                .apply(*seq, envelope);
+        let mut good: Vec<(u64, &Envelope)> = Vec::with_capacity(fresh.len());
+        for item in &fresh {
+            match item.content {
+                Ok(envelope) => good.push((item.seq, envelope)),
+                Err(reason) => {
+                    quarantine(&mut tx, stream, item, reason).await?;
+                    stats.quarantined += 1;
+                }
+            }
         }
-        let mut changed = Rows::default();
-        for (id, record) in &after {
-            changed.push_changed(before.get(id), record);
-        }
-        stats.touched = changed.assignments.len();
-        write_rows(&mut tx, &changed).await?;
-
-        sqlx::query("UPDATE projector_checkpoint SET last_seq = $2 WHERE stream = $1")
-            .bind(stream)
-            .bind(crate::rows::db_ms(checkpoint))
-            .execute(&mut *tx)
-            .await
-            .map_err(q("write checkpoint"))?;
+        stats.applied = good.len();
+        stats.touched = fold_and_write(&mut tx, &good).await?;
+        Self::write_checkpoint(&mut tx, stream, stats.checkpoint).await?;
         tx.commit().await.map_err(q("commit"))?;
         tracing::debug!(
             stream,
             applied = stats.applied,
             skipped = stats.skipped,
-            checkpoint,
+            quarantined = stats.quarantined,
+            checkpoint = stats.checkpoint,
             "applied batch"
         );
         Ok(stats)
+    }
+
+    /// The slow path after a data error: each message in its own savepoint; the ones the
+    /// database refuses are rolled back to their savepoint and quarantined.
+    async fn apply_one_by_one(
+        &self,
+        stream: &str,
+        items: &[Item<'_>],
+    ) -> Result<ApplyStats, StoreError> {
+        let mut tx = self.pool.begin().await.map_err(q("begin"))?;
+        let stored = Self::lock_checkpoint(&mut tx, stream).await?;
+        let mut stats = ApplyStats::default();
+        let fresh = Self::fresh(items, stored, &mut stats);
+        let mut touched = BTreeSet::new();
+        for item in fresh {
+            let envelope = match item.content {
+                Ok(envelope) => envelope,
+                Err(reason) => {
+                    quarantine(&mut tx, stream, item, reason).await?;
+                    stats.quarantined += 1;
+                    continue;
+                }
+            };
+            let mut savepoint = sqlx::Acquire::begin(&mut *tx)
+                .await
+                .map_err(q("savepoint"))?;
+            match fold_and_write(&mut savepoint, &[(item.seq, envelope)]).await {
+                Ok(_) => {
+                    savepoint.commit().await.map_err(q("release savepoint"))?;
+                    touched.insert(envelope.assignment_id);
+                    stats.applied += 1;
+                }
+                Err(e) if e.is_data_error() => {
+                    savepoint
+                        .rollback()
+                        .await
+                        .map_err(q("rollback to savepoint"))?;
+                    let reason = format!("refused by the database: {e}");
+                    tracing::warn!(stream, seq = item.seq, subject = item.subject, %reason, "message quarantined");
+                    quarantine(&mut tx, stream, item, &reason).await?;
+                    stats.quarantined += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        stats.touched = touched.len();
+        Self::write_checkpoint(&mut tx, stream, stats.checkpoint).await?;
+        tx.commit().await.map_err(q("commit"))?;
+        Ok(stats)
+    }
+
+    /// How many messages are quarantined (all streams).
+    pub async fn quarantine_count(&self) -> Result<u64, StoreError> {
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM quarantine")
+            .fetch_one(&self.pool)
+            .await
+            .map_err(q("quarantine count"))?;
+        Ok(count(n))
+    }
+
+    /// The most recently quarantined messages, newest first, at most `limit`.
+    pub async fn quarantined(&self, limit: u32) -> Result<Vec<QuarantineEntry>, StoreError> {
+        let rows: Vec<(String, i64, String, String, i64, i64)> = sqlx::query_as(
+            "SELECT stream, seq, subject, reason, raw_size, jr_ms(quarantined_at) FROM quarantine \
+             ORDER BY quarantined_at DESC, stream, seq DESC LIMIT $1",
+        )
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(q("quarantined"))?;
+        Ok(rows
+            .into_iter()
+            .map(|(stream, seq, subject, reason, size, at)| QuarantineEntry {
+                stream,
+                seq: count(seq),
+                subject,
+                reason,
+                raw_size: count(size),
+                quarantined_at: count(at),
+            })
+            .collect())
     }
 
     /// The last sequence of `stream` applied (0 = nothing yet).
@@ -174,7 +330,7 @@ impl Store {
             .map_err(q("reset"))?;
         sqlx::query(
             "TRUNCATE assignments, attempts, claims, terminal_markers, task_failures, redispatches, \
-             workloads, projector_checkpoint",
+             workloads, projector_checkpoint, quarantine",
         )
         .execute(&mut *tx)
         .await
@@ -323,5 +479,119 @@ impl Store {
             .await
             .map_err(q("begin"))?;
         Ok(tx)
+    }
+}
+
+/// One message read from a stream, as the projector hands it over.
+#[derive(Clone, Debug)]
+pub struct StreamMessage {
+    pub seq: u64,
+    pub subject: String,
+    /// Size of the raw payload in bytes.
+    pub size: usize,
+    /// The decoded envelope, or why it could not be decoded.
+    pub content: Result<Envelope, String>,
+}
+
+/// A quarantined message (status API).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct QuarantineEntry {
+    pub stream: String,
+    pub seq: u64,
+    pub subject: String,
+    pub reason: String,
+    pub raw_size: u64,
+    /// Unix ms.
+    pub quarantined_at: u64,
+}
+
+/// A borrowed [`StreamMessage`].
+struct Item<'a> {
+    seq: u64,
+    subject: &'a str,
+    size: usize,
+    content: Result<&'a Envelope, &'a str>,
+}
+
+/// Longest subject and reason kept in the quarantine table.
+const QUARANTINE_TEXT_BYTES: usize = 1024;
+
+/// `text` made storable: NUL replaced, cut to at most `max` bytes on a character boundary.
+/// (Subjects and decode errors can quote the poison itself.)
+pub(crate) fn storable(text: &str, max: usize) -> String {
+    let mut out = text.replace('\0', "\u{fffd}");
+    if out.len() > max {
+        let mut cut = max;
+        while !out.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        out.truncate(cut);
+    }
+    out
+}
+
+async fn quarantine(
+    conn: &mut sqlx::PgConnection,
+    stream: &str,
+    item: &Item<'_>,
+    reason: &str,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO quarantine (stream, seq, subject, reason, raw_size) VALUES ($1, $2, $3, $4, $5) \
+         ON CONFLICT (stream, seq) DO NOTHING",
+    )
+    .bind(stream)
+    .bind(crate::rows::db_ms(item.seq))
+    .bind(storable(item.subject, QUARANTINE_TEXT_BYTES))
+    .bind(storable(reason, QUARANTINE_TEXT_BYTES))
+    .bind(i64::try_from(item.size).unwrap_or(i64::MAX))
+    .execute(conn)
+    .await
+    .map_err(q("quarantine"))?;
+    Ok(())
+}
+
+/// Folds `items` into their records (loaded from the database) and writes the changed rows;
+/// returns how many records changed.
+async fn fold_and_write(
+    conn: &mut sqlx::PgConnection,
+    items: &[(u64, &Envelope)],
+) -> Result<usize, StoreError> {
+    if items.is_empty() {
+        return Ok(0);
+    }
+    let ids: BTreeSet<Uuid> = items.iter().map(|(_, e)| e.assignment_id.0).collect();
+    let ids: Vec<Uuid> = ids.into_iter().collect();
+    let before: BTreeMap<AssignmentId, AssignmentRecord> =
+        decode(load_rows(&mut *conn, Scope::Ids(&ids)).await?)?
+            .into_iter()
+            .map(|r| (r.id, r))
+            .collect();
+    let mut after = before.clone();
+    for (seq, envelope) in items {
+        after
+            .entry(envelope.assignment_id)
+            .or_insert_with(|| AssignmentRecord::new(envelope.assignment_id))
+            .apply(*seq, envelope);
+    }
+    let mut changed = Rows::default();
+    for (id, record) in &after {
+        changed.push_changed(before.get(id), record);
+    }
+    write_rows(&mut *conn, &changed).await?;
+    Ok(changed.assignments.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::storable;
+
+    #[test]
+    fn storable_text_has_no_nul_and_respects_the_bound() {
+        assert_eq!(storable("a\0b", 10), "a\u{fffd}b");
+        assert_eq!(storable("abcdef", 3), "abc");
+        // Never cuts inside a character.
+        assert_eq!(storable("aé", 2), "a");
+        assert!(storable(&"\0".repeat(5000), 1024).len() <= 1024);
     }
 }

@@ -320,3 +320,155 @@ async fn status_queries_report_states_slots_and_timeline() -> anyhow::Result<()>
     );
     db.drop().await
 }
+
+fn message(seq: u64, content: Result<Envelope, String>) -> jr_store::StreamMessage {
+    jr_store::StreamMessage {
+        seq,
+        subject: format!("jr.event.pod.x.{seq}"),
+        size: 100 + seq as usize,
+        content,
+    }
+}
+
+/// Envelopes decoding would refuse still reach the store through `apply_batch`; the database
+/// refuses them (NUL in text, a time beyond `timestamptz`), and only they are quarantined.
+#[tokio::test]
+async fn messages_the_database_refuses_are_quarantined_and_skipped() -> anyhow::Result<()> {
+    let db = TestDb::new().await?;
+    let good = Builder::new(1, "pod");
+    let nul = Builder::new(2, "pod");
+    let late = Builder::new(3, "pod");
+    let mut with_nul = nul.created(1, 2_000);
+    if let jr_protocol::Message::WorkloadCreated(c) = &mut with_nul.message {
+        c.workload = "pod\0evil".into();
+    }
+    let far_future = late.claimed(1, u64::MAX);
+    let items = vec![
+        (1, good.created(1, 1_000)),
+        (2, with_nul),
+        (3, far_future),
+        (4, good.claimed(1, 3_000)),
+        (5, nul.claimed(1, 3_000)),
+    ];
+    let stats = db.store.apply_batch(EVENTS_STREAM, &items).await?;
+    assert_eq!((stats.applied, stats.quarantined), (3, 2), "{stats:?}");
+    assert_eq!(stats.checkpoint, 5);
+    assert_eq!(db.store.checkpoint(EVENTS_STREAM).await?, 5);
+    assert_eq!(db.store.quarantine_count().await?, 2);
+    let entries = db.store.quarantined(10).await?;
+    let mut seqs: Vec<u64> = entries.iter().map(|e| e.seq).collect();
+    seqs.sort_unstable();
+    assert_eq!(seqs, [2, 3]);
+    assert!(
+        entries
+            .iter()
+            .all(|e| e.reason.contains("refused by the database")),
+        "{entries:?}"
+    );
+
+    // The good messages around the poison were applied, the poison left no trace.
+    let record = db.store.assignment(good.id).await?.context("good record")?;
+    assert!(record.claim.is_some());
+    let record = db.store.assignment(nul.id).await?.context("nul record")?;
+    assert!(
+        record.claim.is_some(),
+        "the message after the poison counts"
+    );
+    assert!(record.attempt_workload(1).is_none(), "poison was applied");
+    assert!(db.store.assignment(late.id).await?.is_none());
+
+    // Replaying the batch is idempotent: nothing applied or quarantined twice.
+    let again = db.store.apply_batch(EVENTS_STREAM, &items).await?;
+    assert_eq!((again.applied, again.quarantined, again.skipped), (0, 0, 5));
+    assert_eq!(db.store.quarantine_count().await?, 2);
+    db.drop().await
+}
+
+#[tokio::test]
+async fn undecodable_messages_are_quarantined_with_subject_and_size() -> anyhow::Result<()> {
+    let db = TestDb::new().await?;
+    let b = Builder::new(1, "pod");
+    let messages = vec![
+        message(1, Ok(b.created(1, 1_000))),
+        message(2, Err("not a CBOR envelope: \0 garbage".into())),
+        message(3, Ok(b.claimed(1, 2_000))),
+    ];
+    let stats = db.store.apply_messages(EVENTS_STREAM, &messages).await?;
+    assert_eq!(
+        (stats.applied, stats.quarantined, stats.checkpoint),
+        (2, 1, 3)
+    );
+    let entries = db.store.quarantined(10).await?;
+    assert_eq!(entries.len(), 1);
+    let e = &entries[0];
+    assert_eq!(
+        (e.stream.as_str(), e.seq, e.subject.as_str(), e.raw_size),
+        (EVENTS_STREAM, 2, "jr.event.pod.x.2", 102)
+    );
+    assert!(e.reason.starts_with("not a CBOR envelope"), "{}", e.reason);
+    assert!(!e.reason.contains('\0'));
+    assert!(
+        db.store
+            .assignment(b.id)
+            .await?
+            .context("record")?
+            .claim
+            .is_some()
+    );
+    db.drop().await
+}
+
+/// Errors that may pass on retry are returned, never quarantined: the checkpoint stays and the
+/// same batch applies once the cause is gone. Here: Postgres unreachable, and a lock wait that
+/// times out in the middle of writing the rows (a server-side error that is not about the data).
+#[tokio::test]
+async fn transient_errors_are_returned_not_quarantined() -> anyhow::Result<()> {
+    let db = TestDb::new().await?;
+    let b = Builder::new(1, "pod");
+    let unreachable = Store::from_pool(
+        sqlx::postgres::PgPoolOptions::new()
+            .acquire_timeout(std::time::Duration::from_millis(500))
+            .connect_lazy("postgres://postgres@127.0.0.1:1/none")?,
+    );
+    let err = unreachable
+        .apply_batch(EVENTS_STREAM, &[(1, b.created(1, 1_000))])
+        .await
+        .err()
+        .context("apply without a database succeeded")?;
+    assert!(!err.is_data_error(), "{err}");
+
+    db.store
+        .apply_batch(EVENTS_STREAM, &[(1, b.created(1, 1_000))])
+        .await?;
+    let impatient = Store::from_pool(
+        sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .connect_with(
+                format!("postgres://postgres@127.0.0.1:5432/{}", db.name)
+                    .parse::<sqlx::postgres::PgConnectOptions>()?
+                    .options([("lock_timeout", "300ms")]),
+            )
+            .await?,
+    );
+    let mut holder = db.store.pool().begin().await?;
+    sqlx::query("SELECT id FROM assignments WHERE id = $1 FOR UPDATE")
+        .bind(b.id.0)
+        .fetch_one(&mut *holder)
+        .await?;
+    let err = impatient
+        .apply_batch(EVENTS_STREAM, &[(2, b.claimed(1, 2_000))])
+        .await
+        .err()
+        .context("apply through a held row lock succeeded")?;
+    assert!(!err.is_data_error(), "{err}");
+    assert_eq!(db.store.quarantine_count().await?, 0);
+    assert_eq!(db.store.checkpoint(EVENTS_STREAM).await?, 1);
+
+    holder.rollback().await?;
+    let stats = impatient
+        .apply_batch(EVENTS_STREAM, &[(2, b.claimed(1, 2_000))])
+        .await?;
+    assert_eq!((stats.applied, stats.quarantined), (1, 0));
+    impatient.pool().close().await;
+    db.drop().await
+}

@@ -1,11 +1,15 @@
-//! `schemas/projection.sql` documents what is on disk; it must stay the migration's text.
+//! `schemas/projection.sql` documents what is on disk; it must stay the migrations' text, in order.
 
 #[test]
 fn schemas_projection_sql_is_the_migration() {
     let documented = include_str!("../../../schemas/projection.sql");
-    let migration = include_str!("../migrations/0001_projection.sql");
+    let migrations = [
+        include_str!("../migrations/0001_projection.sql"),
+        include_str!("../migrations/0002_quarantine.sql"),
+    ]
+    .concat();
     assert_eq!(
-        documented, migration,
-        "copy shared/store/migrations/0001_projection.sql to schemas/projection.sql"
+        documented, migrations,
+        "concatenate shared/store/migrations/*.sql (in order) into schemas/projection.sql"
     );
 }

@@ -266,7 +266,8 @@ pub fn lifecycle_latencies(assignments: &[Envelope], events: &[Envelope]) -> Lif
             | Kind::Redispatched
             | Kind::TaskFailed
             | Kind::DeleteWorkload
-            | Kind::FailTask => {}
+            | Kind::FailTask
+            | Kind::Redispatch => {}
         }
     }
     let diff = |from: u64, to: u64| to as f64 - from as f64;
