@@ -72,6 +72,9 @@ impl ForgeClient {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let http = reqwest::Client::builder()
             .timeout(timeout)
+            // Every call carries the runner token in a header, which reqwest would re-send to
+            // wherever a redirect points; a redirect is an error instead.
+            .redirect(reqwest::redirect::Policy::none())
             .user_agent(concat!("jetrunner/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(ForgeError::Build)?;
