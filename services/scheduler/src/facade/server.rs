@@ -14,6 +14,7 @@ use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
 use rustls::RootCertStore;
 use rustls::server::{ServerConfig, WebPkiClientVerifier};
+use rustls_pki_types::pem::{Error as PemError, PemObject};
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
@@ -59,7 +60,7 @@ impl TlsSettings {
         trust_bundle_pem: Option<&[u8]>,
     ) -> Result<TlsSettings, FacadeError> {
         let certs = |pem: &[u8], what: &str| {
-            let certs = rustls_pemfile::certs(&mut &pem[..])
+            let certs = CertificateDer::pem_slice_iter(pem)
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(|e| FacadeError::TlsConfig(format!("{what}: {e}")))?;
             if certs.is_empty() {
@@ -69,9 +70,10 @@ impl TlsSettings {
             }
             Ok(certs)
         };
-        let key = rustls_pemfile::private_key(&mut &key_pem[..])
-            .map_err(|e| FacadeError::TlsConfig(format!("private key: {e}")))?
-            .ok_or_else(|| FacadeError::TlsConfig("private key: no key in PEM".into()))?;
+        let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| match e {
+            PemError::NoItemsFound => FacadeError::TlsConfig("private key: no key in PEM".into()),
+            e => FacadeError::TlsConfig(format!("private key: {e}")),
+        })?;
         Ok(TlsSettings {
             cert_chain: certs(cert_chain_pem, "certificate chain")?,
             key,
