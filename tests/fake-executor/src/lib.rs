@@ -2,9 +2,13 @@
 //! "Executor contract") and act_runner's one-shot behaviour: Declare, poll FetchTask until one
 //! task arrives, run it as the task's `JR_FAKE_*` vars describe while reporting logs and state,
 //! then send the final `UpdateLog(no_more)` followed by the final `UpdateTask(result)`.
+//!
+//! [`runner_cli`] lets the binary stand in for the `act_runner` / `forgejo-runner` command that
+//! the executor image's entrypoint (`executor/entrypoint.sh`, docs/executor.md) execs.
 
 mod behaviour;
 mod log;
+pub mod runner_cli;
 mod task;
 
 use std::time::Duration;
@@ -47,6 +51,10 @@ pub struct ExecutorConfig {
     /// Timeout of each single RPC.
     pub request_timeout: Duration,
     pub misbehaviour: Option<Misbehaviour>,
+    /// Label names sent in Declare (a runner declares its labels at every start).
+    pub labels: Vec<String>,
+    /// forgejo-runner `one-job`: one Declare and one FetchTask; no task is not waited for.
+    pub single_fetch: bool,
 }
 
 impl ExecutorConfig {
@@ -64,6 +72,8 @@ impl ExecutorConfig {
             give_up_after: Duration::from_secs(120),
             request_timeout: Duration::from_secs(10),
             misbehaviour: None,
+            labels: Vec::new(),
+            single_fetch: false,
         }
     }
 }
@@ -118,6 +128,8 @@ pub enum ExecutorError {
     LogAck { ack: i64, offset: i64, sent: usize },
     #[error("invalid configuration: {0}")]
     Config(String),
+    #[error("failed to load registration file: {0}")]
+    Registration(String),
 }
 
 impl ExecutorError {
@@ -130,6 +142,7 @@ impl ExecutorError {
             ExecutorError::Rpc { .. } => "rpc",
             ExecutorError::LogAck { .. } => "log_ack",
             ExecutorError::Config(_) => "config",
+            ExecutorError::Registration(_) => "registration",
         }
     }
 
@@ -141,7 +154,8 @@ impl ExecutorError {
             ExecutorError::Client(_)
             | ExecutorError::Declare(_)
             | ExecutorError::Unregistered(_)
-            | ExecutorError::Config(_) => false,
+            | ExecutorError::Config(_)
+            | ExecutorError::Registration(_) => false,
         }
     }
 }
@@ -176,13 +190,13 @@ async fn declare(
 ) -> Result<(), ExecutorError> {
     let request = DeclareRequest {
         version: EXECUTOR_VERSION.to_owned(),
-        labels: Vec::new(),
+        labels: cfg.labels.clone(),
         capabilities: Vec::new(),
     };
     loop {
         match client.declare(&request).await {
             Ok(_) => return Ok(()),
-            Err(err) if Instant::now() + cfg.poll_interval < deadline => {
+            Err(err) if !cfg.single_fetch && Instant::now() + cfg.poll_interval < deadline => {
                 tracing::warn!(error = %err, kind = err.kind(), "Declare refused, retrying");
                 tokio::time::sleep(cfg.poll_interval).await;
             }
@@ -200,7 +214,13 @@ async fn poll_for_task(
 ) -> Result<Option<jr_forge::proto::runner::v1::Task>, ExecutorError> {
     let mut tasks_version = 0_i64;
     loop {
-        match client.fetch_task(&FetchTaskRequest { tasks_version }).await {
+        match client
+            .fetch_task(&FetchTaskRequest {
+                tasks_version,
+                ..FetchTaskRequest::default()
+            })
+            .await
+        {
             Ok(reply) => {
                 if reply.tasks_version > tasks_version {
                     tasks_version = reply.tasks_version;
@@ -210,9 +230,15 @@ async fn poll_for_task(
                 }
             }
             Err(err) if err.is_unregistered() => return Err(ExecutorError::Unregistered(err)),
+            Err(err) if cfg.single_fetch => {
+                return Err(ExecutorError::Rpc {
+                    call: "FetchTask",
+                    source: err,
+                });
+            }
             Err(err) => tracing::warn!(error = %err, kind = err.kind(), "FetchTask failed"),
         }
-        if Instant::now() + cfg.poll_interval >= deadline {
+        if cfg.single_fetch || Instant::now() + cfg.poll_interval >= deadline {
             return Ok(None);
         }
         tokio::time::sleep(cfg.poll_interval).await;

@@ -11,8 +11,9 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use jr_forge::proto::runner::v1::{
-    DeclareResponse, FetchTaskRequest, FetchTaskResponse, Result as TaskResult, StepState, Task,
-    TaskState, UpdateLogRequest, UpdateLogResponse, UpdateTaskRequest, UpdateTaskResponse,
+    DeclareRequest, DeclareResponse, FetchTaskRequest, FetchTaskResponse, Result as TaskResult,
+    StepState, Task, TaskState, UpdateLogRequest, UpdateLogResponse, UpdateTaskRequest,
+    UpdateTaskResponse,
 };
 use jr_forge::{Code, connect_error_body};
 use prost::Message;
@@ -60,6 +61,8 @@ pub enum Call {
 pub struct Recorded {
     pub calls: Vec<Call>,
     pub declares: usize,
+    /// Labels of the last Declare.
+    pub declared_labels: Vec<String>,
     pub fetches: usize,
     pub task_given: bool,
     pub log: Vec<String>,
@@ -102,12 +105,14 @@ fn authenticated(headers: &HeaderMap) -> bool {
         && headers.get("x-runner-token").is_some_and(|v| v == TOKEN)
 }
 
-async fn declare(State(f): State<Shared>, headers: HeaderMap) -> Response {
+async fn declare(State(f): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
     if !authenticated(&headers) {
         return connect_error(Code::Unauthenticated, "unregistered runner");
     }
+    let request = DeclareRequest::decode(body).expect("DeclareRequest");
     let mut r = f.recorded.lock().expect("lock");
     r.calls.push(Call::Declare);
+    r.declared_labels = request.labels;
     r.declares += 1;
     if r.declares <= f.knobs.declare_failures {
         return connect_error(Code::Unavailable, "not ready");
@@ -130,6 +135,7 @@ async fn fetch_task(State(f): State<Shared>, headers: HeaderMap, body: Bytes) ->
     reply(&FetchTaskResponse {
         task: give.then(|| f.task.clone()),
         tasks_version: TASKS_VERSION,
+        ..FetchTaskResponse::default()
     })
 }
 
