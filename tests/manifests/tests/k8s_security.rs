@@ -483,3 +483,47 @@ fn jobs_namespace_may_only_reach_the_facade_dns_and_the_forge() {
     }
     assert_eq!(reached, BTreeSet::from(["facade", "dns", "forge"]));
 }
+
+/// Kubernetes verbs the pod-worker backend calls, per resource, read from its source: every
+/// `self.pods.<method>(` / `self.secrets.<method>(` call (also when rustfmt splits it over
+/// lines) and the Pod watcher (list + watch).
+fn pod_worker_api_calls() -> BTreeMap<String, BTreeSet<String>> {
+    let dir = repo_root().join("services/pod-worker/src/backend");
+    let mut calls: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for file in files_under(&dir, &["rs"]) {
+        let source = read(&file);
+        let compact: String = source.split_whitespace().collect();
+        for (field, resource) in [("self.pods", "pods"), ("self.secrets", "secrets")] {
+            for (at, _) in compact.match_indices(&format!("{field}.")) {
+                let rest = &compact[at + field.len() + 1..];
+                let method: String = rest
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                let verbs: &[&str] = match method.as_str() {
+                    "get" | "get_opt" => &["get"],
+                    "list" => &["list"],
+                    "create" => &["create"],
+                    "delete" => &["delete"],
+                    "patch" => &["patch"],
+                    "replace" => &["update"],
+                    "delete_collection" => &["deletecollection"],
+                    "clone" => {
+                        // Handed to the watcher, which lists and watches.
+                        if compact[..at].ends_with("watcher::watcher(") {
+                            &["list", "watch"]
+                        } else {
+                            &[]
+                        }
+                    }
+                    other => panic!("{}: unknown API call {field}.{other}", file.display()),
+                };
+                calls
+                    .entry(resource.to_owned())
+                    .or_default()
+                    .extend(verbs.iter().map(|v| (*v).to_owned()));
+            }
+        }
+    }
+    calls
+}
