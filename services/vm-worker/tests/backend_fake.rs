@@ -185,6 +185,10 @@ async fn create_is_idempotent_across_a_client_side_timeout() {
         Some("http://facade.test")
     );
     assert_eq!(
+        sandbox.env.get("JETRUNNER_LABELS").map(String::as_str),
+        Some("vm")
+    );
+    assert_eq!(
         sandbox.metadata.get(LABEL_ATTEMPT).map(String::as_str),
         Some("1")
     );

@@ -11,6 +11,8 @@ use tokio::sync::mpsc;
 pub const ENV_FACADE_URL: &str = "JETRUNNER_FACADE_URL";
 pub const ENV_ASSIGNMENT_ID: &str = "JETRUNNER_ASSIGNMENT_ID";
 pub const ENV_RUNNER_TOKEN: &str = "JETRUNNER_RUNNER_TOKEN";
+/// The job's `runs-on` labels, comma separated (the executor registers the runner with them).
+pub const ENV_LABELS: &str = "JETRUNNER_LABELS";
 
 /// Everything a backend needs to create the workload of one assignment attempt.
 #[derive(Clone, Debug)]
@@ -43,6 +45,7 @@ impl WorkloadSpec {
             (ENV_FACADE_URL.to_owned(), self.facade_url.clone()),
             (ENV_ASSIGNMENT_ID.to_owned(), self.assignment_id.to_string()),
             (ENV_RUNNER_TOKEN.to_owned(), self.executor_token.clone()),
+            (ENV_LABELS.to_owned(), self.labels.join(",")),
         ])
     }
 }

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use jr_protocol::BackendName;
 use jr_worker::WorkloadSpec;
-use jr_worker::backend::{ENV_ASSIGNMENT_ID, ENV_FACADE_URL, ENV_RUNNER_TOKEN};
+use jr_worker::backend::{ENV_ASSIGNMENT_ID, ENV_FACADE_URL, ENV_LABELS, ENV_RUNNER_TOKEN};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{
     Container, EnvVar, EnvVarSource, LocalObjectReference, Pod, PodSpec, Secret, SecretKeySelector,
@@ -105,6 +105,7 @@ pub fn build_objects(block: &RunnerBlock, spec: &WorkloadSpec) -> ExecutorObject
     let mut env = vec![
         plain_env(ENV_FACADE_URL, spec.facade_url.clone()),
         plain_env(ENV_ASSIGNMENT_ID, spec.assignment_id.to_string()),
+        plain_env(ENV_LABELS, spec.labels.join(",")),
         EnvVar {
             name: ENV_RUNNER_TOKEN.to_owned(),
             value: None,

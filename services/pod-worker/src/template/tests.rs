@@ -233,6 +233,7 @@ fn pod_has_deterministic_name_jetrunner_labels_and_no_token() {
         var("JETRUNNER_ASSIGNMENT_ID")["value"],
         json!(spec.assignment_id.to_string())
     );
+    assert_eq!(var("JETRUNNER_LABELS")["value"], "pod,self-hosted");
     assert_eq!(var("EXTRA")["value"], "1");
     let token_ref = &var("JETRUNNER_RUNNER_TOKEN")["valueFrom"]["secretKeyRef"];
     assert_eq!(token_ref["name"], json!(spec.name()));
