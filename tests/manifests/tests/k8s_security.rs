@@ -527,3 +527,46 @@ fn pod_worker_api_calls() -> BTreeMap<String, BTreeSet<String>> {
     }
     calls
 }
+
+#[test]
+fn the_executor_pod_reference_is_restricted_and_bounded() {
+    let docs = yaml_docs(&repo_root().join("k8s/executor-pod-template.yaml"));
+    let pod = docs
+        .iter()
+        .find(|d| str_at(d, &["kind"]) == Some("Pod"))
+        .expect("a Pod in k8s/executor-pod-template.yaml");
+    let spec = at(pod, &["spec"]).expect("spec");
+    assert_eq!(
+        at(spec, &["securityContext", "runAsNonRoot"]).and_then(Value::as_bool),
+        Some(true)
+    );
+    assert_eq!(
+        str_at(spec, &["securityContext", "seccompProfile", "type"]),
+        Some("RuntimeDefault")
+    );
+    assert_eq!(
+        at(spec, &["automountServiceAccountToken"]).and_then(Value::as_bool),
+        Some(false)
+    );
+    for container in seq_at(spec, &["containers"]) {
+        let sc = at(container, &["securityContext"]).expect("container securityContext");
+        assert_eq!(
+            at(sc, &["allowPrivilegeEscalation"]).and_then(Value::as_bool),
+            Some(false)
+        );
+        let dropped: Vec<&str> = seq_at(sc, &["capabilities", "drop"])
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        assert_eq!(dropped, vec!["ALL"]);
+        assert!(at(sc, &["privileged"]).is_none());
+        for section in ["requests", "limits"] {
+            for key in ["cpu", "memory", "ephemeral-storage"] {
+                assert!(
+                    at(container, &["resources", section, key]).is_some(),
+                    "resources.{section}.{key} missing"
+                );
+            }
+        }
+    }
+}
