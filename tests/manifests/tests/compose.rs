@@ -254,35 +254,92 @@ fn jetrunner_services_run_a_built_binary_with_the_shared_config_mounted() {
     }
 }
 
-#[test]
-fn dockerfile_builds_every_binary_the_manifests_run_into_one_non_root_image() {
-    let dockerfile = read(&repo_root().join("Dockerfile"));
+/// The binaries named by `ARG <name>="…"` in the Dockerfile.
+fn arg_list<'a>(dockerfile: &'a str, name: &str) -> BTreeSet<&'a str> {
+    let prefix = format!("ARG {name}=");
     let line = dockerfile
         .lines()
-        .find(|l| l.trim_start().starts_with("ARG BINARIES="))
-        .expect("Dockerfile has ARG BINARIES=...");
-    let built: BTreeSet<&str> = line
-        .split_once('=')
+        .find(|l| l.trim_start().starts_with(&prefix))
+        .unwrap_or_else(|| panic!("Dockerfile has {prefix}..."));
+    line.split_once('=')
         .map(|(_, v)| v.trim().trim_matches('"'))
         .expect("value")
         .split_whitespace()
-        .collect();
+        .collect()
+}
+
+/// The Dockerfile's stages: (the `FROM` line, the lines up to the next `FROM`).
+fn stages(dockerfile: &str) -> Vec<(&str, Vec<&str>)> {
+    let mut out: Vec<(&str, Vec<&str>)> = Vec::new();
+    for line in dockerfile.lines() {
+        if line.starts_with("FROM ") {
+            out.push((line, Vec::new()));
+        } else if let Some((_, body)) = out.last_mut() {
+            body.push(line);
+        }
+    }
+    out
+}
+
+#[test]
+fn dockerfile_builds_every_binary_the_manifests_run_into_one_non_root_image() {
+    let dockerfile = read(&repo_root().join("Dockerfile"));
+    let production = arg_list(&dockerfile, "BINARIES");
+    let dev_only = arg_list(&dockerfile, "DEV_BINARIES");
+    let built: BTreeSet<&str> = production.union(&dev_only).copied().collect();
     assert_eq!(built, BTreeSet::from(BINARIES));
+    assert!(
+        production.iter().all(|b| !b.starts_with("fake-")),
+        "the production binaries include a fake: {production:?}"
+    );
+    assert!(
+        dev_only.iter().all(|b| b.starts_with("fake-")),
+        "{dev_only:?}"
+    );
     assert!(dockerfile.contains("FROM rust:${RUST_VERSION}-bookworm AS builder"));
     assert!(dockerfile.contains("ARG RUST_VERSION=1.95"));
-    assert!(dockerfile.contains("FROM debian:bookworm-slim AS runtime"));
+    assert!(dockerfile.contains("FROM debian:bookworm-slim AS runtime-base"));
     assert!(dockerfile.contains("cargo build --release --locked"));
     assert!(dockerfile.contains("--mount=type=cache,target=/usr/local/cargo/registry"));
-    assert!(dockerfile.contains("COPY --from=builder /out/ /usr/local/bin/"));
-    let user = dockerfile
-        .lines()
-        .rev()
-        .find(|l| l.starts_with("USER "))
-        .expect("the runtime stage sets USER");
-    assert!(!user.contains("root") && !user.contains(" 0"), "{user}");
-    // Every command in compose and k8s starts with a binary the image has; healthchecks too.
+    let stages = stages(&dockerfile);
+    // The default target (the last stage) is the production image: the services, no fake.
+    let (from, body) = stages.last().expect("stages");
+    assert_eq!(*from, "FROM runtime-base AS runtime");
+    let copies: Vec<&str> = body
+        .iter()
+        .copied()
+        .filter(|l| l.starts_with("COPY"))
+        .collect();
+    assert_eq!(copies, vec!["COPY --from=builder /out/ /usr/local/bin/"]);
+    // The dev target adds the fakes.
+    let (_, dev) = stages
+        .iter()
+        .find(|(from, _)| *from == "FROM runtime-base AS dev")
+        .expect("a dev stage");
+    assert!(dev.contains(&"COPY --from=builder /out/ /usr/local/bin/"));
+    assert!(dev.contains(&"COPY --from=dev-builder /out-dev/ /usr/local/bin/"));
+    for (from, body) in stages
+        .iter()
+        .filter(|(f, _)| f.starts_with("FROM runtime-base AS "))
+    {
+        let user = body
+            .iter()
+            .rev()
+            .find(|l| l.starts_with("USER "))
+            .unwrap_or_else(|| panic!("{from} sets USER"));
+        assert!(
+            !user.contains("root") && !user.contains(" 0"),
+            "{from}: {user}"
+        );
+    }
+    // compose builds the dev image; every command there starts with a binary it has.
     let compose = compose();
     for (name, service) in jetrunner_image_services(&compose) {
+        assert_eq!(
+            str_at(&service, &["build", "target"]),
+            Some("dev"),
+            "{name} builds the dev target"
+        );
         let command = command_of(&service);
         assert!(built.contains(command[0].as_str()), "{name}: {command:?}");
         let test: Vec<&str> = seq_at(&service, &["healthcheck", "test"])
@@ -293,12 +350,13 @@ fn dockerfile_builds_every_binary_the_manifests_run_into_one_non_root_image() {
             assert!(built.contains(binary), "{name} healthcheck runs {binary}");
         }
     }
+    // Kubernetes runs the production image, so only production binaries.
     let base = base();
     for deployment in base.of_kind("Deployment") {
         for container in seq_at(pod_spec(deployment), &["containers"]) {
             let command = command_of(container);
             assert!(
-                built.contains(command[0].as_str()),
+                production.contains(command[0].as_str()),
                 "{}",
                 deployment.describe()
             );
