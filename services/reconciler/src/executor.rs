@@ -1,7 +1,7 @@
 //! Turns planned commands into messages. Every message id derives from the command id, so a
 //! command planned again from an unchanged state is a JetStream duplicate, not a second action.
 //!
-//! Commands to other services (`delete-workload`, `fail-task`) carry the reissue period in their
+//! Commands (`delete-workload`, `redispatch`, `fail-task`) carry the reissue period in their
 //! message id (`<command id>@<period>`): copies within one period are duplicates, but a command
 //! the planner still asks for a period later is delivered again. Its first delivery may have had
 //! no lasting effect (a worker killed between deleting a workload and reporting it released),
@@ -12,9 +12,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use jr_bus::{Bus, BusError};
-use jr_protocol::{
-    DeleteWorkload, Envelope, FailTask, Kind, Message, Redispatched, STREAM_ASSIGNMENTS, subject,
-};
+use jr_protocol::{DeleteWorkload, Envelope, FailTask, Kind, Message, Redispatch, subject};
 
 use crate::planner::PlannedCommand;
 
@@ -31,8 +29,6 @@ pub struct Executor {
 pub enum ExecuteError {
     #[error("publish: {0}")]
     Bus(#[from] BusError),
-    #[error("assignment {0} to redispatch is not in JR_ASSIGNMENTS")]
-    MissingAssignment(String),
 }
 
 impl Executor {
@@ -147,35 +143,23 @@ impl Executor {
                 next_attempt,
                 reason,
             } => {
-                let assignment_subject = subject::assignment(backend, *assignment_id);
-                let (_, mut envelope) = self
-                    .bus
-                    .last_on_subject(STREAM_ASSIGNMENTS, &assignment_subject)
-                    .await?
-                    .ok_or_else(|| ExecuteError::MissingAssignment(assignment_id.to_string()))?;
-                // The new attempt first: a redispatched event without its attempt makes the
-                // planner re-emit this command (same id), never a second new attempt.
-                if envelope.attempt < *next_attempt {
-                    envelope.id = format!("assignment:{assignment_id}:{next_attempt}");
-                    envelope.attempt = *next_attempt;
-                    envelope.occurred_at = now_ms();
-                    envelope.trace = None;
-                    self.bus.publish(&assignment_subject, &envelope).await?;
-                }
-                let event = Envelope::new(
-                    id,
+                // The scheduler, the only writer of `jr.assignment.>`, publishes the new attempt
+                // (from its own sealed assignment) and the `redispatched` event.
+                let envelope = Envelope::new(
+                    self.message_id(id),
                     now_ms(),
                     *assignment_id,
-                    next_attempt - 1,
-                    Message::Redispatched(Redispatched {
+                    next_attempt.saturating_sub(1),
+                    Message::Redispatch(Redispatch {
+                        backend: backend.clone(),
                         next_attempt: *next_attempt,
                         reason: reason.clone(),
                     }),
                 );
                 self.bus
                     .publish(
-                        &subject::event(backend, *assignment_id, Kind::Redispatched),
-                        &event,
+                        &subject::command(subject::SCHEDULER_TARGET, Kind::Redispatch),
+                        &envelope,
                     )
                     .await?;
             }

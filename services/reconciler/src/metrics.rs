@@ -93,6 +93,19 @@ impl Collector for ProjectionCollector {
                     .encode(checkpoint.encode_family(&labels)?)?;
             }
         }
+        {
+            let mut quarantined = encoder.encode_descriptor(
+                "projection_quarantined",
+                "Messages the projection could not apply, recorded in the quarantine table and skipped",
+                None,
+                c.metric_type(),
+            )?;
+            for (stream, s) in &self.projectors {
+                let labels = [("stream", *stream)];
+                ConstCounter::new(s.quarantined.load(Ordering::Relaxed))
+                    .encode(quarantined.encode_family(&labels)?)?;
+            }
+        }
         let mut errors = encoder.encode_descriptor(
             "projection_store_errors",
             "Failed projection transactions",

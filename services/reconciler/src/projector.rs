@@ -8,6 +8,11 @@
 //! lost acknowledged commits (crash with `synchronous_commit = off`, failover to an asynchronous
 //! replica, restore from backup) shows a lower checkpoint; the projector then starts again from
 //! the stored checkpoint instead of applying the next batch over a gap.
+//!
+//! Poison never stops it: a message that cannot be decoded (or is refused at decode) goes to
+//! the store as a rejected item, and the store quarantines it, and any message the database
+//! refuses, in the same transaction that moves the checkpoint past it. Only errors that can pass
+//! (Postgres unreachable, a lock timeout, ...) make it retry the same batch.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -16,8 +21,7 @@ use std::time::Duration;
 use async_nats::jetstream::consumer::{DeliverPolicy, pull::OrderedConfig};
 use futures::StreamExt;
 use jr_bus::Bus;
-use jr_protocol::Envelope;
-use jr_store::Store;
+use jr_store::{Store, StreamMessage};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -25,7 +29,8 @@ use tokio_util::sync::CancellationToken;
 #[derive(Debug, Default)]
 pub struct ProjectorState {
     pub applied: AtomicU64,
-    pub skipped_undecodable: AtomicU64,
+    /// Messages recorded in the quarantine table and skipped by this process.
+    pub quarantined: AtomicU64,
     pub checkpoint: AtomicU64,
     /// The last fetch found nothing more: the projection has caught up with the stream.
     pub caught_up: AtomicBool,
@@ -114,7 +119,7 @@ async fn project(
     let mut messages = consumer.messages().await?;
     loop {
         // Take what is there now, up to a batch; wait briefly for the first message only.
-        let mut batch: Vec<(u64, Envelope)> = Vec::new();
+        let mut batch: Vec<StreamMessage> = Vec::new();
         let first = tokio::select! {
             _ = shutdown.cancelled() => return Ok(()),
             m = tokio::time::timeout(Duration::from_millis(250), messages.next()) => m,
@@ -144,13 +149,16 @@ async fn project(
                 .info()
                 .map_err(|e| anyhow::anyhow!("message info: {e}"))?
                 .stream_sequence;
-            match jr_protocol::decode(&message.payload) {
-                Ok(envelope) => batch.push((seq, envelope)),
-                Err(e) => {
-                    state.skipped_undecodable.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(stream, seq, error = %e, "undecodable message skipped by the projection");
-                }
-            }
+            let content = jr_protocol::decode(&message.payload).map_err(|e| {
+                tracing::warn!(stream, seq, subject = %message.subject, error = %e, "undecodable message; it will be quarantined");
+                e.to_string()
+            });
+            batch.push(StreamMessage {
+                seq,
+                subject: message.subject.to_string(),
+                size: message.payload.len(),
+                content,
+            });
             if batch.len() >= max_batch {
                 break;
             }
@@ -168,7 +176,7 @@ async fn project(
             let result = match store.checkpoint(stream).await {
                 Ok(stored) => {
                     check_continuity(stream, stored, expected)?;
-                    store.apply_batch(stream, &batch).await
+                    store.apply_messages(stream, &batch).await
                 }
                 Err(e) => Err(e),
             };
@@ -178,6 +186,17 @@ async fn project(
                     state
                         .applied
                         .fetch_add(stats.applied as u64, Ordering::Relaxed);
+                    if stats.quarantined > 0 {
+                        state
+                            .quarantined
+                            .fetch_add(stats.quarantined as u64, Ordering::Relaxed);
+                        tracing::warn!(
+                            stream,
+                            quarantined = stats.quarantined,
+                            checkpoint = stats.checkpoint,
+                            "messages quarantined and skipped"
+                        );
+                    }
                     state.checkpoint.store(stats.checkpoint, Ordering::Release);
                     break;
                 }

@@ -36,6 +36,7 @@ pub fn router(state: Arc<StatusState>) -> Router {
         .route("/", get(page))
         .route("/api/status", get(status))
         .route("/api/assignments/{id}", get(timeline))
+        .route("/api/quarantine", get(quarantine))
         .with_state(state)
 }
 
@@ -81,7 +82,26 @@ async fn status(State(s): State<Arc<StatusState>>) -> Response {
             states,
         });
     }
-    Json(serde_json::json!({ "backends": backends })).into_response()
+    let quarantined = match s.store.quarantine_count().await {
+        Ok(n) => n,
+        Err(e) => return internal(e),
+    };
+    Json(serde_json::json!({ "backends": backends, "quarantined": quarantined })).into_response()
+}
+
+/// Most recent quarantined messages shown (newest first).
+const QUARANTINE_SHOWN: u32 = 100;
+
+/// Messages the projection skipped: total count and the most recent entries.
+async fn quarantine(State(s): State<Arc<StatusState>>) -> Response {
+    let count = match s.store.quarantine_count().await {
+        Ok(n) => n,
+        Err(e) => return internal(e),
+    };
+    match s.store.quarantined(QUARANTINE_SHOWN).await {
+        Ok(recent) => Json(serde_json::json!({ "count": count, "recent": recent })).into_response(),
+        Err(e) => internal(e),
+    }
 }
 
 async fn timeline(State(s): State<Arc<StatusState>>, Path(id): Path<String>) -> Response {

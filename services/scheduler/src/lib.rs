@@ -8,6 +8,7 @@ pub mod fetcher;
 pub mod forge_report;
 pub mod ledger;
 pub mod metrics;
+pub mod redispatch;
 pub mod registration;
 pub mod routing;
 pub mod seal;

@@ -135,13 +135,22 @@ pub async fn run(
     }
     {
         let (b, forge, stop) = (bus.clone(), forge.clone(), shutdown.clone());
+        let sealer = dispatcher.sealer.clone();
         tasks.spawn("fail-task consumer", async move {
             let handler_bus = b.clone();
             b.run_consumer(
                 &commands,
                 move |d| {
-                    let (bus, forge) = (handler_bus.clone(), forge.clone());
-                    async move { crate::fail_task::handle(&bus, &forge, d).await }
+                    let (bus, forge, sealer) = (handler_bus.clone(), forge.clone(), sealer.clone());
+                    async move {
+                        // Commands to the scheduler: redispatch, anything else is fail-task's.
+                        match d.envelope.kind() {
+                            jr_protocol::Kind::Redispatch => {
+                                crate::redispatch::handle(&bus, &sealer, d).await
+                            }
+                            _ => crate::fail_task::handle(&bus, &forge, d).await,
+                        }
+                    }
                 },
                 ConsumerOptions::default().concurrency(4),
                 stop,

@@ -1,6 +1,6 @@
-//! What the planner asks for. The reconciler's executor turns each into a message
-//! (`jr.command.<backend>.delete-workload`, a republished assignment plus `redispatched`,
-//! `jr.command.scheduler.fail-task`) and uses [`PlannedCommand::id`] as `Nats-Msg-Id`, so
+//! What the planner asks for. The reconciler's executor turns each into a command message
+//! (`jr.command.<backend>.delete-workload`, `jr.command.scheduler.redispatch`,
+//! `jr.command.scheduler.fail-task`) whose `Nats-Msg-Id` derives from [`PlannedCommand::id`], so
 //! re-planning an unchanged state publishes nothing new.
 
 use jr_protocol::{AssignmentId, BackendName};
@@ -17,7 +17,8 @@ pub enum PlannedCommand {
         attempt: u32,
         reason: String,
     },
-    /// Publish the assignment again as `next_attempt` (and a `redispatched` event).
+    /// Ask the scheduler to publish the assignment again as `next_attempt` (it also publishes
+    /// the `redispatched` event, with this command's id as message id).
     Redispatch {
         assignment_id: AssignmentId,
         backend: BackendName,

@@ -1,0 +1,358 @@
+//! The `redispatch` command: the reconciler decided that an assignment's workload failed before
+//! any executor claimed the task, and asks for attempt n+1. The scheduler is the only writer of
+//! `jr.assignment.>`, so it publishes the new attempt itself, re-using its own last published
+//! assignment message: the sealed task must open with the scheduler's key and name the same
+//! forge task, so a forged assignment planted on the subject is never republished.
+//!
+//! Order: the new attempt first, then the `redispatched` event. A crash in between leaves the
+//! event missing; the reconciler then asks again (same ids), and the attempt is found already
+//! published, so no attempt is ever published twice. Message ids are deterministic
+//! (`assignment:<id>:<attempt>`, `redispatch:<id>:<attempt>`), so a repeat within the
+//! duplicate window is dropped by the server as well.
+
+use std::time::Duration;
+
+use jr_bus::{Bus, Delivery, Disposition};
+use jr_forge::proto::runner::v1::Task;
+use jr_protocol::{
+    AssignmentId, Envelope, Kind, Message, Redispatch, Redispatched, STREAM_ASSIGNMENTS, now_ms,
+    subject,
+};
+use prost::Message as _;
+
+use crate::seal::Sealer;
+
+/// What one `redispatch` command leads to.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Plan {
+    /// Publish `assignment` (attempt n+1), then `event`.
+    Publish {
+        assignment: Box<Envelope>,
+        event: Envelope,
+    },
+    /// The attempt is already published (an earlier delivery got that far): only the event.
+    EventOnly { event: Envelope },
+    /// Never act on this command; the reason is logged.
+    Refuse(String),
+}
+
+/// The message id of attempt `attempt` of `id` when it is a redispatch.
+pub fn assignment_message_id(id: AssignmentId, attempt: u32) -> String {
+    format!("assignment:{id}:{attempt}")
+}
+
+/// The message id of the `redispatched` event announcing `next_attempt` (the same as the
+/// reconciler's command id, so a command planned again maps to the same event).
+pub fn event_message_id(id: AssignmentId, next_attempt: u32) -> String {
+    format!("redispatch:{id}:{next_attempt}")
+}
+
+/// Decides what to publish for `command` about `id`, given the last message on the
+/// assignment's subject (`last`) and `genuine`, which tells whether that message's sealed task
+/// is the scheduler's own (opens with its key and names the message's forge task).
+pub fn decide(
+    id: AssignmentId,
+    command: &Redispatch,
+    last: Option<&Envelope>,
+    genuine: impl Fn(&Envelope) -> Result<(), String>,
+    now: u64,
+) -> Plan {
+    let next = command.next_attempt;
+    if next < 2 {
+        return Plan::Refuse(format!("redispatch to attempt {next}: attempts start at 1"));
+    }
+    let Some(last) = last else {
+        return Plan::Refuse(format!(
+            "no assignment {id} on {}",
+            subject::assignment(&command.backend, id)
+        ));
+    };
+    let Message::Assignment(assignment) = &last.message else {
+        return Plan::Refuse(format!(
+            "the last message of assignment {id} is a {}, not an assignment",
+            last.kind()
+        ));
+    };
+    if last.assignment_id != id || assignment.backend != command.backend {
+        return Plan::Refuse(format!(
+            "the last message on the subject of assignment {id} names assignment {} on backend {}",
+            last.assignment_id, assignment.backend
+        ));
+    }
+    if let Err(reason) = genuine(last) {
+        return Plan::Refuse(format!(
+            "assignment {id} was not published by this scheduler: {reason}"
+        ));
+    }
+    let event = Envelope::new(
+        event_message_id(id, next),
+        now,
+        id,
+        next - 1,
+        Message::Redispatched(Redispatched {
+            next_attempt: next,
+            reason: command.reason.clone(),
+        }),
+    );
+    if last.attempt >= next {
+        return Plan::EventOnly { event };
+    }
+    let mut republished = last.clone();
+    republished.id = assignment_message_id(id, next);
+    republished.attempt = next;
+    republished.occurred_at = now;
+    republished.trace = None;
+    Plan::Publish {
+        assignment: Box::new(republished),
+        event,
+    }
+}
+
+/// Whether `envelope` (an assignment) carries a task sealed by `sealer` for this assignment,
+/// naming the forge task its clear fields name.
+pub fn sealed_by(sealer: &Sealer, envelope: &Envelope) -> Result<(), String> {
+    let Message::Assignment(assignment) = &envelope.message else {
+        return Err(format!("{} is not an assignment", envelope.kind()));
+    };
+    let plaintext = sealer
+        .open(envelope.assignment_id, &assignment.sealed_task)
+        .map_err(|e| e.to_string())?;
+    let task = Task::decode(plaintext.as_slice())
+        .map_err(|e| format!("the sealed task is not a forge task: {e}"))?;
+    if task.id != assignment.forge_task_id {
+        return Err(format!(
+            "the sealed task is forge task {}, the assignment names {}",
+            task.id, assignment.forge_task_id
+        ));
+    }
+    Ok(())
+}
+
+const RETRY: Duration = Duration::from_secs(2);
+
+pub async fn handle(bus: &Bus, sealer: &Sealer, delivery: Delivery) -> Disposition {
+    let envelope = delivery.envelope;
+    let id = envelope.assignment_id;
+    let Message::Redispatch(command) = &envelope.message else {
+        return Disposition::Term(format!("{} is not a redispatch command", envelope.kind()));
+    };
+    let assignment_subject = subject::assignment(&command.backend, id);
+    let last = match bus
+        .last_on_subject(STREAM_ASSIGNMENTS, &assignment_subject)
+        .await
+    {
+        Ok(last) => last.map(|(_, e)| e),
+        Err(e) if e.is_transient() => {
+            tracing::warn!(assignment = %id, error = %e, "cannot read the assignment; retrying");
+            return Disposition::Nak(Some(RETRY));
+        }
+        Err(e) => {
+            return Disposition::Term(format!(
+                "cannot read the last message of {assignment_subject}: {e}"
+            ));
+        }
+    };
+    let plan = decide(
+        id,
+        command,
+        last.as_ref(),
+        |e| sealed_by(sealer, e),
+        now_ms(),
+    );
+    let event = match plan {
+        Plan::Refuse(reason) => {
+            tracing::warn!(assignment = %id, %reason, "redispatch refused");
+            return Disposition::Term(reason);
+        }
+        Plan::EventOnly { event } => event,
+        Plan::Publish { assignment, event } => {
+            if let Err(e) = bus.publish(&assignment_subject, &assignment).await {
+                tracing::warn!(assignment = %id, error = %e, "cannot publish the new attempt; retrying");
+                return Disposition::Nak(Some(RETRY));
+            }
+            tracing::info!(assignment = %id, attempt = assignment.attempt, reason = %command.reason, "assignment redispatched");
+            event
+        }
+    };
+    match bus
+        .publish(
+            &subject::event(&command.backend, id, Kind::Redispatched),
+            &event,
+        )
+        .await
+    {
+        Ok(_) => Disposition::Ack,
+        Err(e) => {
+            tracing::warn!(assignment = %id, error = %e, "cannot publish redispatched; retrying");
+            Disposition::Nak(Some(RETRY))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use jr_protocol::{Assignment, BackendName, SealedTask};
+
+    fn backend(name: &str) -> BackendName {
+        BackendName::new(name).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn id() -> AssignmentId {
+        AssignmentId::for_task("https://forge.test", 7)
+    }
+
+    fn assignment(attempt: u32) -> Envelope {
+        Envelope::new(
+            format!("assignment:{}:{attempt}:x", id()),
+            1_000,
+            id(),
+            attempt,
+            Message::Assignment(Assignment {
+                forge_instance: "https://forge.test".into(),
+                forge_task_id: 7,
+                backend: backend("pod"),
+                provider: None,
+                labels: vec!["pod".into()],
+                repository: "org/repo".into(),
+                job_name: "build".into(),
+                max_duration_secs: 3600,
+                fetched_at: 900,
+                sealed_task: SealedTask {
+                    key_id: "k1".into(),
+                    nonce: vec![0; 24],
+                    ciphertext: vec![1, 2, 3],
+                },
+            }),
+        )
+    }
+
+    fn command(next_attempt: u32) -> Redispatch {
+        Redispatch {
+            backend: backend("pod"),
+            next_attempt,
+            reason: "workload-failed".into(),
+        }
+    }
+
+    fn ok(_: &Envelope) -> Result<(), String> {
+        Ok(())
+    }
+
+    #[test]
+    fn publishes_the_next_attempt_of_the_same_assignment_then_the_event() {
+        let last = assignment(1);
+        let Plan::Publish { assignment, event } = decide(id(), &command(2), Some(&last), ok, 5_000)
+        else {
+            panic!("expected a publish");
+        };
+        assert_eq!(assignment.attempt, 2);
+        assert_eq!(assignment.id, format!("assignment:{}:2", id()));
+        assert_eq!(assignment.occurred_at, 5_000);
+        assert_eq!(
+            assignment.message, last.message,
+            "the sealed task is re-used as is"
+        );
+        assert_eq!(event.id, format!("redispatch:{}:2", id()));
+        assert_eq!(event.attempt, 1);
+        assert!(matches!(
+            &event.message,
+            Message::Redispatched(Redispatched {
+                next_attempt: 2,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn an_attempt_already_published_is_not_published_again() {
+        let plan = decide(id(), &command(2), Some(&assignment(2)), ok, 5_000);
+        assert!(matches!(plan, Plan::EventOnly { .. }), "{plan:?}");
+        let plan = decide(id(), &command(2), Some(&assignment(3)), ok, 5_000);
+        assert!(matches!(plan, Plan::EventOnly { .. }), "{plan:?}");
+    }
+
+    #[test]
+    fn forged_or_foreign_assignments_are_never_republished() {
+        let forged = |_: &Envelope| Err("does not open".to_owned());
+        assert!(matches!(
+            decide(id(), &command(2), Some(&assignment(1)), forged, 1),
+            Plan::Refuse(_)
+        ));
+        // Another assignment's message on this subject.
+        let mut other = assignment(1);
+        other.assignment_id = AssignmentId::for_task("https://forge.test", 8);
+        assert!(matches!(
+            decide(id(), &command(2), Some(&other), ok, 1),
+            Plan::Refuse(_)
+        ));
+        // Another backend named in the command.
+        let mut on_vm = command(2);
+        on_vm.backend = backend("vm");
+        assert!(matches!(
+            decide(id(), &on_vm, Some(&assignment(1)), ok, 1),
+            Plan::Refuse(_)
+        ));
+        // Not an assignment at all, nothing there, or a nonsensical attempt.
+        let mut event = assignment(1);
+        event.message = Message::Redispatch(command(2));
+        assert!(matches!(
+            decide(id(), &command(2), Some(&event), ok, 1),
+            Plan::Refuse(_)
+        ));
+        assert!(matches!(
+            decide(id(), &command(2), None, ok, 1),
+            Plan::Refuse(_)
+        ));
+        assert!(matches!(
+            decide(id(), &command(1), Some(&assignment(1)), ok, 1),
+            Plan::Refuse(_)
+        ));
+    }
+
+    #[test]
+    fn the_seal_check_needs_the_schedulers_key_and_the_same_task() {
+        let keys = [("k1".to_owned(), Sealer::generate_key())].into();
+        let sealer = Sealer::new("k1", &keys).unwrap_or_else(|e| panic!("{e}"));
+        let other_keys = [("k1".to_owned(), Sealer::generate_key())].into();
+        let stranger = Sealer::new("k1", &other_keys).unwrap_or_else(|e| panic!("{e}"));
+        let task = |task_id: i64| {
+            Task {
+                id: task_id,
+                ..Task::default()
+            }
+            .encode_to_vec()
+        };
+        let with_seal = |sealed: SealedTask| {
+            let mut e = assignment(1);
+            if let Message::Assignment(a) = &mut e.message {
+                a.sealed_task = sealed;
+            }
+            e
+        };
+        let genuine = with_seal(
+            sealer
+                .seal(id(), &task(7))
+                .unwrap_or_else(|e| panic!("{e}")),
+        );
+        assert_eq!(sealed_by(&sealer, &genuine), Ok(()));
+        let forged = with_seal(
+            stranger
+                .seal(id(), &task(7))
+                .unwrap_or_else(|e| panic!("{e}")),
+        );
+        assert!(sealed_by(&sealer, &forged).is_err());
+        let other_task = with_seal(
+            sealer
+                .seal(id(), &task(8))
+                .unwrap_or_else(|e| panic!("{e}")),
+        );
+        assert!(sealed_by(&sealer, &other_task).is_err());
+        let other_assignment = with_seal(
+            sealer
+                .seal(AssignmentId::for_task("https://forge.test", 9), &task(7))
+                .unwrap_or_else(|e| panic!("{e}")),
+        );
+        assert!(sealed_by(&sealer, &other_assignment).is_err());
+    }
+}
