@@ -3,7 +3,6 @@
 //! cannot both win), report the failure to the forge and publish `task-failed`.
 
 use jr_bus::{Bus, Delivery, Disposition, PublishOnce};
-use jr_forge::ForgeClient;
 use jr_protocol::now_ms;
 use jr_protocol::{
     Envelope, FailTask, Kind, Message, STREAM_EVENTS, TaskFailed, TaskResult, Terminal,
@@ -12,8 +11,9 @@ use jr_protocol::{
 use std::time::Duration;
 
 use crate::forge_report::report_failure;
+use crate::forges::Forges;
 
-pub async fn handle(bus: &Bus, forge: &ForgeClient, delivery: Delivery) -> Disposition {
+pub async fn handle(bus: &Bus, forges: &Forges, delivery: Delivery) -> Disposition {
     let envelope = delivery.envelope;
     let Message::FailTask(FailTask {
         forge_task_id,
@@ -24,6 +24,11 @@ pub async fn handle(bus: &Bus, forge: &ForgeClient, delivery: Delivery) -> Dispo
         return Disposition::Term(format!("{} is not a fail-task command", envelope.kind()));
     };
     let id = envelope.assignment_id;
+    let Some(forge) = forges.client(&backend) else {
+        return Disposition::Term(format!(
+            "fail-task for backend {backend}, which has no forge registration here"
+        ));
+    };
     let terminal = Envelope::new(
         format!("terminal:{id}:fail-task"),
         now_ms(),

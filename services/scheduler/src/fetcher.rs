@@ -1,34 +1,49 @@
-//! N concurrent fetchers under one registration, sharing one `tasks_version` exactly as the
-//! runner protocol describes (a runner echoes the last version it saw), each publishing its task
-//! durably before it fetches again.
+//! Fetching paced by capacity: one fetch loop per forge registration, one FetchTask in flight
+//! at a time, and a task taken only while a backend the registration fetches for has room
+//! (`backend.<name>.lookahead` minus the assignments already waiting for its worker). The
+//! backlog beyond that stays at the forge, where no reaper fails waiting jobs. Every task is
+//! published durably before the next fetch.
 
 use jr_protocol::now_ms;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
-use jr_bus::Bus;
-use jr_forge::ForgeClient;
+use jr_bus::{Bus, ConsumerSpec};
+use jr_config::ForgeFlavor;
 use jr_forge::proto::runner::v1::{FetchTaskRequest, Task};
-use jr_protocol::{Assignment, AssignmentId, BackendName, Envelope, Message, subject};
+use jr_protocol::{
+    Assignment, AssignmentId, BackendName, Envelope, Message, STREAM_ASSIGNMENTS, subject,
+};
 use prost::Message as _;
 use rand::Rng;
+use sha2::Digest as _;
 use tokio_util::sync::CancellationToken;
 
 use crate::forge_report::report_failure;
+use crate::forges::{Forges, Registration};
+use crate::pacing::{BackendRoom, TasksVersion, room};
+use crate::request_key::RequestKeys;
 use crate::routing::{Router, job_facts};
 use crate::seal::Sealer;
+use crate::unclaimed::Unclaimed;
 
-/// Everything a fetcher needs; shared by all fetchers.
+/// How often a registration with no room looks again.
+const ROOM_RECHECK: Duration = Duration::from_millis(200);
+
+/// Everything a fetcher needs; shared by all fetch loops.
 pub struct Dispatcher {
     pub bus: Bus,
-    pub forge: ForgeClient,
+    pub forges: Forges,
     pub router: Router,
     pub sealer: Arc<Sealer>,
     /// Forge instance URL, part of every assignment id.
     pub forge_instance: String,
     pub max_duration: BTreeMap<BackendName, Duration>,
+    /// `backend.<name>.lookahead`.
+    pub lookahead: BTreeMap<BackendName, usize>,
+    pub unclaimed: Arc<Unclaimed>,
     pub stats: DispatchStats,
 }
 
@@ -39,6 +54,12 @@ pub struct DispatchStats {
     pub duplicates: AtomicU64,
     pub unroutable: AtomicU64,
     pub fetch_errors: AtomicU64,
+    /// Fetch decisions skipped because no backend of the registration had room.
+    pub paused: AtomicU64,
+    /// Most FetchTask calls in flight at once under one registration (always 1 here; the
+    /// figure proves it).
+    pub max_in_flight: AtomicU64,
+    pub in_flight: AtomicU64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -73,7 +94,12 @@ impl Dispatcher {
         job_name: String,
     ) -> Result<Envelope, crate::seal::SealError> {
         let id = AssignmentId::for_task(&self.forge_instance, task.id);
-        let sealed_task = self.sealer.seal(id, &task.encode_to_vec())?;
+        let plaintext = task.encode_to_vec();
+        let sealed_task = self.sealer.seal(id, &plaintext)?;
+        // Publishing the same fetched task again is deduplicated; the same task handed out
+        // again by the forge (Forgejo's request-key replay, with a new task token) is a new
+        // message that replaces the earlier copy.
+        let digest = hex::encode(&sha2::Sha256::digest(&plaintext)[..6]);
         let max = self
             .max_duration
             .get(backend)
@@ -93,7 +119,7 @@ impl Dispatcher {
             sealed_task,
         };
         Ok(Envelope::new(
-            format!("assignment:{id}:1"),
+            format!("assignment:{id}:1:{digest}"),
             fetched_at,
             id,
             1,
@@ -103,9 +129,19 @@ impl Dispatcher {
 
     /// Routes, seals and publishes one task; returns once it is durable in JetStream (or was
     /// reported to the forge as unroutable), or when shutdown fires.
-    pub async fn dispatch(&self, task: Task, shutdown: &CancellationToken) {
+    pub async fn dispatch(
+        &self,
+        registration: &Registration,
+        task: Task,
+        shutdown: &CancellationToken,
+    ) {
         let facts = job_facts(task.workflow_payload.as_deref());
-        match self.router.route(&facts.runs_on) {
+        let routed = match &registration.own_backend {
+            Some(own) => self.router.route_fetched(own, &facts.runs_on),
+            None => self.router.route(&facts.runs_on),
+        };
+        let forge = &registration.client;
+        match routed {
             Ok(backend) => {
                 let envelope = match self.assignment_envelope(
                     &task,
@@ -118,6 +154,7 @@ impl Dispatcher {
                         tracing::error!(task = task.id, error = %e, "cannot seal task");
                         return self
                             .report_unroutable(
+                                forge,
                                 task.id,
                                 &format!("jetrunner cannot seal the task: {e}"),
                                 shutdown,
@@ -136,6 +173,13 @@ impl Dispatcher {
                             self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
                         }
                         self.stats.dispatched.fetch_add(1, Ordering::Relaxed);
+                        self.unclaimed.fetched(
+                            envelope.assignment_id,
+                            task.id,
+                            backend.clone(),
+                            envelope.attempt,
+                            Instant::now(),
+                        );
                         tracing::info!(task = task.id, assignment = %envelope.assignment_id, %backend, seq = outcome.stream_seq, "assignment dispatched");
                     }
                     Err(jr_bus::BusError::ShutDown) => tracing::warn!(
@@ -147,6 +191,7 @@ impl Dispatcher {
                     Err(e) => {
                         tracing::error!(task = task.id, error = %e, "assignment cannot be published");
                         self.report_unroutable(
+                            forge,
                             task.id,
                             &format!("jetrunner cannot publish the assignment: {e}"),
                             shutdown,
@@ -158,17 +203,23 @@ impl Dispatcher {
             Err(no_route) => {
                 self.stats.unroutable.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(task = task.id, error = %no_route, "unroutable task");
-                self.report_unroutable(task.id, &no_route.to_string(), shutdown)
+                self.report_unroutable(forge, task.id, &no_route.to_string(), shutdown)
                     .await;
             }
         }
     }
 
-    async fn report_unroutable(&self, task_id: i64, reason: &str, shutdown: &CancellationToken) {
+    async fn report_unroutable(
+        &self,
+        forge: &jr_forge::ForgeClient,
+        task_id: i64,
+        reason: &str,
+        shutdown: &CancellationToken,
+    ) {
         let lines = [reason.to_owned()];
         let mut delay = Duration::from_millis(200);
         loop {
-            match report_failure(&self.forge, task_id, &lines).await {
+            match report_failure(forge, task_id, &lines).await {
                 Ok(_) => return,
                 Err(e) if e.is_retryable() => {
                     tracing::warn!(task = task_id, error = %e, "reporting unroutable task failed; retrying")
@@ -185,6 +236,26 @@ impl Dispatcher {
             delay = (delay * 2).min(Duration::from_secs(10));
         }
     }
+    /// Room for new tasks over the backends `registration` fetches for, read from the
+    /// worker consumers' pending counts.
+    pub async fn room(&self, registration: &Registration) -> usize {
+        let mut backends = Vec::with_capacity(registration.backends.len());
+        for backend in &registration.backends {
+            let durable = ConsumerSpec::worker_assignments(backend).durable;
+            let waiting = match self.bus.consumer_info(STREAM_ASSIGNMENTS, &durable).await {
+                Ok(counts) => Some(counts.num_pending),
+                Err(e) => {
+                    tracing::debug!(%backend, error = %e, "worker consumer not readable; no room");
+                    None
+                }
+            };
+            backends.push(BackendRoom {
+                lookahead: self.lookahead.get(backend).copied().unwrap_or(2),
+                waiting,
+            });
+        }
+        room(&backends)
+    }
 }
 
 /// Fetch pacing (from `[forge]`).
@@ -192,25 +263,28 @@ impl Dispatcher {
 pub struct Pacing {
     pub poll_interval: Duration,
     pub max_backoff: Duration,
+    pub version_reset_interval: Duration,
+    pub flavor: ForgeFlavor,
+    /// Most tasks asked for in one call (Forgejo).
+    pub task_capacity: usize,
 }
 
-/// Runs `n` fetchers until shutdown. Returns an error only when the runner is unregistered.
+/// Runs one fetch loop per registration until shutdown. Returns an error only when a runner is
+/// unregistered.
 pub async fn run_fetchers(
-    n: usize,
     dispatcher: Arc<Dispatcher>,
     pacing: Pacing,
     shutdown: CancellationToken,
 ) -> Result<(), FetchError> {
-    let version = Arc::new(AtomicI64::new(0));
     let mut set = tokio::task::JoinSet::new();
-    for index in 0..n.max(1) {
-        let (d, v, s) = (dispatcher.clone(), version.clone(), shutdown.clone());
-        set.spawn(async move { fetch_loop(index, &d, &v, pacing, &s).await });
+    for registration in dispatcher.forges.registrations().to_vec() {
+        let (d, s) = (dispatcher.clone(), shutdown.clone());
+        set.spawn(async move { fetch_loop(registration, &d, pacing, &s).await });
     }
     let mut result = Ok(());
     while let Some(joined) = set.join_next().await {
         if let Ok(Err(e)) = joined {
-            // One fetcher learnt the registration is gone: stop all of them.
+            // One loop learnt its registration is gone: stop all of them.
             shutdown.cancel();
             result = Err(e);
         }
@@ -218,19 +292,29 @@ pub async fn run_fetchers(
     result
 }
 
+/// Test fault hook: with this probability (`JR_FAULT_ABORT_AFTER_FETCH`, 0–1) the process
+/// aborts right after the forge handed out tasks and before any is published, the window a
+/// request key must cover. Unset in every deployment.
+fn abort_probability() -> f64 {
+    std::env::var("JR_FAULT_ABORT_AFTER_FETCH")
+        .ok()
+        .and_then(|v| v.parse::<f64>().ok())
+        .filter(|p| (0.0..=1.0).contains(p))
+        .unwrap_or(0.0)
+}
+
 async fn fetch_loop(
-    index: usize,
+    registration: Registration,
     d: &Dispatcher,
-    version: &AtomicI64,
     pacing: Pacing,
     shutdown: &CancellationToken,
 ) -> Result<(), FetchError> {
+    let forgejo = pacing.flavor == ForgeFlavor::Forgejo;
+    let abort_after_fetch = abort_probability();
+    let mut keys: Option<RequestKeys> = None;
+    let mut version = TasksVersion::new(pacing.version_reset_interval);
     let mut error_delay = pacing.poll_interval;
-    // Spread the fetchers' first polls over one interval.
-    let mut wait = pacing
-        .poll_interval
-        .mul_f64(index as f64 / 8.0)
-        .min(pacing.poll_interval);
+    let mut wait = Duration::ZERO;
     loop {
         if !wait.is_zero() {
             tokio::select! {
@@ -242,40 +326,96 @@ async fn fetch_loop(
             return Ok(());
         }
         // The forge hands a task out once: one fetched while NATS is unreachable cannot be made
-        // durable until the bus is back, and is lost if the scheduler stops meanwhile (found by
-        // the chaos suite). Fetch only while connected.
+        // durable until the bus is back, and is lost if the scheduler stops meanwhile. Fetch
+        // only while connected.
         if !d.bus.is_connected() {
             wait = jittered(pacing.poll_interval);
             continue;
         }
-        let sent = version.load(Ordering::Acquire);
-        match d
-            .forge
-            .fetch_task(&FetchTaskRequest {
-                tasks_version: sent,
-            })
-            .await
-        {
+        let room = d.room(&registration).await;
+        if room == 0 {
+            d.stats.paused.fetch_add(1, Ordering::Relaxed);
+            wait = ROOM_RECHECK;
+            continue;
+        }
+        let request_key = if forgejo {
+            if keys.is_none() {
+                match RequestKeys::open(&d.bus, &registration.name).await {
+                    Ok(k) => keys = Some(k),
+                    Err(e) => {
+                        tracing::warn!(registration = %registration.name, error = %e, "cannot open the request key store");
+                        wait = jittered(pacing.poll_interval);
+                        continue;
+                    }
+                }
+            }
+            match keys.as_mut().map(|k| k.current()) {
+                Some(fut) => match fut.await {
+                    Ok(k) => Some(k),
+                    Err(e) => {
+                        tracing::warn!(registration = %registration.name, error = %e, "cannot read the request key");
+                        wait = jittered(pacing.poll_interval);
+                        continue;
+                    }
+                },
+                None => None,
+            }
+        } else {
+            None
+        };
+        let sent = version.to_send(Instant::now());
+        let task_capacity = (forgejo && pacing.task_capacity > 1)
+            .then(|| i64::try_from(room.min(pacing.task_capacity)).unwrap_or(1));
+        let request = FetchTaskRequest {
+            tasks_version: sent,
+            task_capacity,
+        };
+        let in_flight = d.stats.in_flight.fetch_add(1, Ordering::AcqRel) + 1;
+        d.stats.max_in_flight.fetch_max(in_flight, Ordering::AcqRel);
+        let reply = registration
+            .client
+            .fetch_tasks(&request, request_key.as_deref())
+            .await;
+        d.stats.in_flight.fetch_sub(1, Ordering::AcqRel);
+        match reply {
             Ok(reply) => {
                 error_delay = pacing.poll_interval;
-                if reply.tasks_version > sent {
-                    version.fetch_max(reply.tasks_version, Ordering::AcqRel);
+                let tasks: Vec<Task> = reply
+                    .task
+                    .into_iter()
+                    .chain(reply.additional_tasks)
+                    .collect();
+                version.after_reply(sent, reply.tasks_version, !tasks.is_empty());
+                if tasks.is_empty() {
+                    wait = jittered(pacing.poll_interval);
+                    continue;
                 }
-                match reply.task {
-                    Some(task) => {
-                        d.stats.fetched.fetch_add(1, Ordering::Relaxed);
-                        // More jobs may be queued: the next fetch must try an assignment.
-                        version.store(0, Ordering::Release);
-                        d.dispatch(task, shutdown).await;
-                        wait = Duration::ZERO;
-                    }
-                    None => wait = jittered(pacing.poll_interval),
+                d.stats
+                    .fetched
+                    .fetch_add(tasks.len() as u64, Ordering::Relaxed);
+                if abort_after_fetch > 0.0 && rand::rng().random_bool(abort_after_fetch) {
+                    tracing::error!("JR_FAULT_ABORT_AFTER_FETCH: aborting before publishing");
+                    std::process::abort();
                 }
+                for task in tasks {
+                    d.dispatch(&registration, task, shutdown).await;
+                }
+                if shutdown.is_cancelled() {
+                    return Ok(());
+                }
+                if let Some(keys) = keys.as_mut()
+                    && let Err(e) = keys.rotate().await
+                {
+                    // The old key stays: the next fetch returns the same tasks again, and
+                    // their assignments are already durable (deduplicated or replaced).
+                    tracing::warn!(registration = %registration.name, error = %e, "cannot rotate the request key");
+                }
+                wait = Duration::ZERO;
             }
             Err(e) if e.is_unregistered() => return Err(FetchError::Unregistered(e)),
             Err(e) => {
                 d.stats.fetch_errors.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(fetcher = index, error = %e, "fetch failed");
+                tracing::warn!(registration = %registration.name, error = %e, "fetch failed");
                 wait = jittered(error_delay);
                 error_delay = (error_delay * 2).min(pacing.max_backoff);
             }

@@ -71,3 +71,27 @@ pub async fn report_failure(
         .map(|s| s.result())
         .unwrap_or(ForgeResult::Failure))
 }
+
+/// A heartbeat for a task no executor runs yet: `UpdateTask` without a result, which keeps the
+/// forge's zombie reaper away. Returns the final result the forge holds if it already ended the
+/// task (cancelled by a user, failed by a reaper), `None` while it is still running.
+pub async fn keepalive(
+    forge: &ForgeClient,
+    task_id: i64,
+) -> Result<Option<jr_protocol::TaskResult>, ForgeError> {
+    let reply = forge
+        .update_task(&UpdateTaskRequest {
+            state: Some(TaskState {
+                id: task_id,
+                result: ForgeResult::Unspecified as i32,
+                started_at: None,
+                stopped_at: None,
+                steps: vec![],
+            }),
+            outputs: Default::default(),
+        })
+        .await?;
+    Ok(reply
+        .state
+        .and_then(|s| crate::facade::progress::final_result(s.result)))
+}

@@ -4,7 +4,7 @@
 
 use jr_protocol::now_ms;
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use jr_bus::{Bus, PublishOnce};
 use jr_protocol::{
@@ -13,6 +13,7 @@ use jr_protocol::{
 };
 
 use crate::facade::{AssignmentView, Ledger, LedgerError};
+use crate::unclaimed::Unclaimed;
 
 /// Facts that never change once seen are cached; everything else is read each time.
 #[derive(Clone, Default)]
@@ -24,14 +25,17 @@ struct Sticky {
 pub struct JetStreamLedger {
     bus: Bus,
     backends: Vec<BackendName>,
+    /// Tasks waiting for a claim; a claim or terminal settles them.
+    unclaimed: Arc<Unclaimed>,
     sticky: Mutex<HashMap<AssignmentId, Sticky>>,
 }
 
 impl JetStreamLedger {
-    pub fn new(bus: Bus, backends: Vec<BackendName>) -> Self {
+    pub fn new(bus: Bus, backends: Vec<BackendName>, unclaimed: Arc<Unclaimed>) -> Self {
         Self {
             bus,
             backends,
+            unclaimed,
             sticky: Mutex::new(HashMap::new()),
         }
     }
@@ -171,6 +175,7 @@ impl Ledger for JetStreamLedger {
         );
         let won = self.publish_once(view, Kind::Claimed, envelope).await?;
         self.remember(view.id, |s| s.claimed = true);
+        self.unclaimed.settled(view.id);
         Ok(won)
     }
 
@@ -188,6 +193,7 @@ impl Ledger for JetStreamLedger {
         );
         let won = self.publish_once(view, Kind::Terminal, envelope).await?;
         self.remember(view.id, |s| s.terminal = true);
+        self.unclaimed.settled(view.id);
         Ok(won)
     }
 

@@ -112,31 +112,83 @@ async fn wait_for_forge(
     }
 }
 
+/// Who one forge registration is: its runner name, pre-made credentials (if configured) and
+/// where registered credentials are kept.
+#[derive(Clone, Debug)]
+pub struct RunnerIdentity {
+    pub name: String,
+    /// `(config key, uuid, token)` of pre-made credentials; read at establish time.
+    pub preset: Option<(String, String, Option<String>, Option<std::path::PathBuf>)>,
+    pub credentials_file: std::path::PathBuf,
+}
+
+impl RunnerIdentity {
+    /// The single registration of `forge.registration = "shared"`.
+    pub fn shared(cfg: &ForgeConfig) -> Self {
+        Self {
+            name: cfg.runner_name.clone(),
+            preset: cfg.runner_uuid.clone().map(|uuid| {
+                (
+                    "forge.runner_token".to_owned(),
+                    uuid,
+                    cfg.runner_token.clone(),
+                    cfg.runner_token_file.clone(),
+                )
+            }),
+            credentials_file: cfg.credentials_file.clone(),
+        }
+    }
+
+    /// Backend `backend`'s own registration: runner `<runner_name>-<backend>`, credentials
+    /// from `backend.<name>.runner_uuid/…` or kept next to `forge.credentials_file` as
+    /// `<stem>.<backend>.<ext>`.
+    pub fn per_backend(cfg: &ForgeConfig, backend: &str, b: &jr_config::BackendConfig) -> Self {
+        let file = &cfg.credentials_file;
+        let stem = file
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "jetrunner-runner".to_owned());
+        let name = match file.extension() {
+            Some(ext) => format!("{stem}.{backend}.{}", ext.to_string_lossy()),
+            None => format!("{stem}.{backend}"),
+        };
+        Self {
+            name: format!("{}-{backend}", cfg.runner_name),
+            preset: b.runner_uuid.clone().map(|uuid| {
+                (
+                    format!("backend.{backend}.runner_token"),
+                    uuid,
+                    b.runner_token.clone(),
+                    b.runner_token_file.clone(),
+                )
+            }),
+            credentials_file: file.with_file_name(name),
+        }
+    }
+}
+
 /// Returns a client carrying the runner's credentials, after a successful `Declare` of `labels`.
 pub async fn establish(
     cfg: &ForgeConfig,
+    identity: &RunnerIdentity,
     labels: &[String],
     shutdown: &CancellationToken,
 ) -> Result<ForgeClient, RegistrationError> {
     let anonymous =
         ForgeClient::new(&cfg.url, None, cfg.request_timeout).map_err(RegistrationError::Client)?;
-    wait_for_forge(&anonymous, &cfg.runner_name, shutdown).await?;
+    wait_for_forge(&anonymous, &identity.name, shutdown).await?;
 
-    let configured = match &cfg.runner_uuid {
-        Some(uuid) => jr_config::read_secret(
-            "forge.runner_token",
-            &cfg.runner_token,
-            &cfg.runner_token_file,
-        )?
-        .map(|token| Credentials {
-            uuid: uuid.clone(),
-            token,
-        }),
+    let configured = match &identity.preset {
+        Some((key, uuid, token, token_file)) => jr_config::read_secret(key, token, token_file)?
+            .map(|token| Credentials {
+                uuid: uuid.clone(),
+                token,
+            }),
         None => None,
     };
     let creds = match configured {
         Some(c) => c,
-        None => match read_stored(&cfg.credentials_file)? {
+        None => match read_stored(&identity.credentials_file)? {
             Some(c) => c,
             None => {
                 let token = jr_config::read_secret(
@@ -147,7 +199,7 @@ pub async fn establish(
                 .ok_or(RegistrationError::NoCredentials)?;
                 let reply = anonymous
                     .register(&RegisterRequest {
-                        name: cfg.runner_name.clone(),
+                        name: identity.name.clone(),
                         token,
                         version: RUNNER_VERSION.to_owned(),
                         labels: labels.to_vec(),
@@ -160,8 +212,8 @@ pub async fn establish(
                     uuid: runner.uuid,
                     token: runner.token,
                 };
-                write_stored(&cfg.credentials_file, &creds, runner.id)?;
-                tracing::info!(uuid = %creds.uuid, file = %cfg.credentials_file.display(), "registered with the forge");
+                write_stored(&identity.credentials_file, &creds, runner.id)?;
+                tracing::info!(runner = %identity.name, uuid = %creds.uuid, file = %identity.credentials_file.display(), "registered with the forge");
                 creds
             }
         },
@@ -177,17 +229,18 @@ pub async fn establish(
     loop {
         match client.declare(&declare).await {
             Ok(_) => {
-                tracing::info!(?labels, "declared labels to the forge");
+                tracing::info!(runner = %identity.name, ?labels, "declared labels to the forge");
                 return Ok(client);
             }
             Err(e) if e.is_unregistered() => {
-                let remedy = if cfg.runner_uuid.is_some() {
-                    "Configure fresh forge.runner_uuid/runner_token, or remove them and set forge.registration_token to register anew".to_owned()
-                } else {
-                    format!(
-                        "Remove {} and restart with a valid forge.registration_token, or configure forge.runner_uuid/runner_token",
-                        cfg.credentials_file.display()
-                    )
+                let remedy = match &identity.preset {
+                    Some((key, ..)) => format!(
+                        "Configure fresh credentials ({key} and its runner_uuid), or remove them and set forge.registration_token to register anew"
+                    ),
+                    None => format!(
+                        "Remove {} and restart with a valid forge.registration_token, or configure pre-made runner credentials",
+                        identity.credentials_file.display()
+                    ),
                 };
                 return Err(RegistrationError::Unregistered {
                     uuid: creds.uuid,

@@ -11,9 +11,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::facade::{Facade, FacadeSettings, TlsSettings, serve};
 use crate::fetcher::{Dispatcher, Pacing, run_fetchers};
+use crate::forges::Forges;
 use crate::ledger::JetStreamLedger;
 use crate::routing::Router;
 use crate::seal::Sealer;
+use crate::unclaimed::Unclaimed;
 
 /// Readiness reporting hook (`/readyz`): `(check name, ready)`.
 pub type ReadyFn = Arc<dyn Fn(&'static str, bool) + Send + Sync>;
@@ -68,50 +70,61 @@ pub async fn run(
     bus.ensure_topology(
         &Topology::new()
             .replicas(config.nats.stream_replicas)
+            .stream_limits(jr_service::stream_limits(&config.nats))
             .consumer(commands.clone()),
     )
     .await
     .context("declaring streams and consumers")?;
     ready("nats", true);
 
-    let forge =
-        crate::registration::establish(&config.forge, router.declared_labels(), &shutdown).await?;
+    let forges = Forges::establish(&config, &router, &shutdown).await?;
     ready("forge", true);
 
     let backends: Vec<_> = config.enabled_backends().map(|(n, _)| n).collect();
-    let max_duration = config
+    let max_duration: BTreeMap<_, _> = config
         .enabled_backends()
         .map(|(n, b)| (n, b.max_duration))
         .collect();
-    let fetchers = config
-        .forge
-        .fetchers
-        .unwrap_or_else(|| {
-            config
-                .enabled_backends()
-                .map(|(_, b)| b.capacity)
-                .sum::<usize>()
-        })
-        .max(1);
+    let lookahead = config
+        .enabled_backends()
+        .map(|(n, b)| (n, b.lookahead))
+        .collect();
+    // Tasks fetched before a restart and still unclaimed need their heartbeats again. The
+    // forge's endless-task timeout (3 h on Gitea) bounds how far back one can still be alive.
+    let unclaimed = Arc::new(Unclaimed::new(config.forge.keepalive_interval));
+    let horizon = max_duration
+        .values()
+        .copied()
+        .max()
+        .unwrap_or(std::time::Duration::from_secs(3 * 3600))
+        + std::time::Duration::from_secs(600);
+    match unclaimed.rebuild(&bus, &backends, horizon).await {
+        Ok(n) => tracing::info!(unclaimed = n, "fetched tasks waiting for a claim"),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot rebuild the unclaimed tasks; their keepalives start with the next fetch")
+        }
+    }
     let dispatcher = Arc::new(Dispatcher {
         bus: bus.clone(),
-        forge: forge.clone(),
+        forges: forges.clone(),
         router,
         sealer: sealer.clone(),
         forge_instance: config.forge.url.trim_end_matches('/').to_owned(),
         max_duration,
+        lookahead,
+        unclaimed: unclaimed.clone(),
         stats: Default::default(),
     });
     let facade = Arc::new(Facade::new(
         FacadeSettings {
             mode: config.facade.mode.into(),
             trust_domain: config.facade.trust_domain.clone(),
-            forge: forge.clone(),
+            forges: forges.clone(),
             forge_base_url: config.forge.url.clone(),
             sealer,
             insecure_plain_http: config.facade.insecure_plain_http,
         },
-        JetStreamLedger::new(bus.clone(), backends),
+        JetStreamLedger::new(bus.clone(), backends, unclaimed.clone()),
     )?);
     if let Some(metrics) = metrics {
         metrics
@@ -124,7 +137,7 @@ pub async fn run(
     let listener = tokio::net::TcpListener::bind(config.facade.listen)
         .await
         .with_context(|| format!("binding facade.listen {}", config.facade.listen))?;
-    tracing::info!(listen = %config.facade.listen, fetchers, "scheduler running");
+    tracing::info!(listen = %config.facade.listen, registrations = forges.registrations().len(), "scheduler running");
 
     let mut tasks = TaskSet::new(Shutdown::from(shutdown.clone()));
     {
@@ -134,21 +147,28 @@ pub async fn run(
         });
     }
     {
-        let (b, forge, stop) = (bus.clone(), forge.clone(), shutdown.clone());
+        let (u, f, b, stop) = (unclaimed, forges.clone(), bus.clone(), shutdown.clone());
+        tasks.spawn("keepalive", async move {
+            crate::unclaimed::run_keepalive(u, f, b, stop).await
+        });
+    }
+    {
+        let (b, forges, stop) = (bus.clone(), forges.clone(), shutdown.clone());
         let sealer = dispatcher.sealer.clone();
         tasks.spawn("fail-task consumer", async move {
             let handler_bus = b.clone();
             b.run_consumer(
                 &commands,
                 move |d| {
-                    let (bus, forge, sealer) = (handler_bus.clone(), forge.clone(), sealer.clone());
+                    let (bus, forges, sealer) =
+                        (handler_bus.clone(), forges.clone(), sealer.clone());
                     async move {
                         // Commands to the scheduler: redispatch, anything else is fail-task's.
                         match d.envelope.kind() {
                             jr_protocol::Kind::Redispatch => {
                                 crate::redispatch::handle(&bus, &sealer, d).await
                             }
-                            _ => crate::fail_task::handle(&bus, &forge, d).await,
+                            _ => crate::fail_task::handle(&bus, &forges, d).await,
                         }
                     }
                 },
@@ -162,8 +182,11 @@ pub async fn run(
     let pacing = Pacing {
         poll_interval: config.forge.poll_interval,
         max_backoff: config.forge.max_backoff,
+        version_reset_interval: config.forge.version_reset_interval,
+        flavor: config.forge.flavor,
+        task_capacity: config.forge.task_capacity,
     };
-    let fetched = run_fetchers(fetchers, dispatcher, pacing, shutdown.clone()).await;
+    let fetched = run_fetchers(dispatcher, pacing, shutdown.clone()).await;
     shutdown.cancel();
     let report = tasks.join_all(std::time::Duration::from_secs(15)).await;
     fetched?;

@@ -15,7 +15,7 @@ use jr_protocol::{
     TaskResult, Terminal, TerminalSource, subject,
 };
 use jr_scheduler::fetcher::FetchError;
-use jr_scheduler::registration::{RegistrationError, establish};
+use jr_scheduler::registration::{RegistrationError, RunnerIdentity, establish};
 use prost::Message as _;
 use support::{World, assert_published_exactly_once, eventually, expected_backends};
 use tokio_util::sync::CancellationToken;
@@ -42,10 +42,11 @@ fn context_string(task: &Task, key: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thousand_jobs_are_dispatched_exactly_once_to_their_backend() {
     let world = World::start().await;
+    let _workers = world.drain_workers();
     world.forge.enqueue_jobs(job("pod"), 700);
     world.forge.enqueue_jobs(job("vm"), 300);
     let fetchers = world
-        .start_fetchers(8, Duration::from_millis(100), Duration::from_secs(1))
+        .start_fetchers(Duration::from_millis(100), Duration::from_secs(1))
         .await;
 
     world
@@ -139,15 +140,20 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unroutable_job_is_failed_at_the_forge_with_an_explanation_and_never_published() {
-    // The pod backend declares `gpu`, so the forge hands such jobs to jetrunner, but no routing
-    // rule sends `gpu` anywhere and there is no default backend.
+    // The pod backend declares `gpu` and the vm backend `vm`, so the shared registration
+    // declares both and the forge hands out a job asking for both, but no single backend
+    // declares all of its labels.
     let world = World::start_with(jr_fake_forge::Config::default(), &["gpu"]).await;
     assert!(world.router().declared_labels().contains(&"gpu".to_owned()));
     world.forge.enqueue_jobs(job("pod"), 2);
-    let gpu = world.forge.enqueue_job(job("gpu"));
+    let gpu = world.forge.enqueue_job(JobSpec {
+        runs_on: vec!["gpu".to_owned(), "vm".to_owned()],
+        ..JobSpec::default()
+    });
     world.forge.enqueue_jobs(job("vm"), 2);
+    let _workers = world.drain_workers();
     let fetchers = world
-        .start_fetchers(2, Duration::from_millis(100), Duration::from_secs(1))
+        .start_fetchers(Duration::from_millis(100), Duration::from_secs(1))
         .await;
 
     let snapshot = world
@@ -182,7 +188,8 @@ async fn unroutable_job_is_failed_at_the_forge_with_an_explanation_and_never_pub
     let line = &task.log[0];
     assert!(line.starts_with("jetrunner: "), "{line}");
     assert!(
-        line.contains("no enabled jetrunner backend serves runs-on") && line.contains("gpu"),
+        line.contains("no enabled jetrunner backend declares all of runs-on")
+            && line.contains("gpu"),
         "{line}"
     );
     assert!(
@@ -198,14 +205,10 @@ async fn unroutable_job_is_failed_at_the_forge_with_an_explanation_and_never_pub
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fetchers_wait_for_durability_through_a_nats_outage_and_publish_once() {
-    const FETCHERS: usize = 4;
     let mut world = World::start().await;
+    let _workers = world.drain_workers();
     let fetchers = world
-        .start_fetchers(
-            FETCHERS,
-            Duration::from_millis(50),
-            Duration::from_millis(500),
-        )
+        .start_fetchers(Duration::from_millis(50), Duration::from_millis(500))
         .await;
     // Some work before the outage, to see that the fetchers are live.
     world.forge.enqueue_jobs(job("pod"), 5);
@@ -227,13 +230,13 @@ async fn fetchers_wait_for_durability_through_a_nats_outage_and_publish_once() {
     // publish timeout (5 s), so such publishes time out and are retried while NATS is still down.
     let overshoot = world
         .forge
-        .wait_until(|s| s.tasks.len() > 5 + FETCHERS, Duration::from_secs(6))
+        .wait_until(|s| s.tasks.len() > 5 + 1, Duration::from_secs(6))
         .await;
     assert!(
         overshoot.is_err(),
         "a fetcher fetched again before its assignment was durable"
     );
-    assert!(world.forge.queued_count() >= 40 - FETCHERS);
+    assert!(world.forge.queued_count() >= 40 - 1);
 
     world.nats.restart().await.expect("nats-server restarts");
     world
@@ -268,8 +271,9 @@ async fn forge_errors_and_latency_do_not_lose_or_duplicate_jobs() {
     });
     world.forge.enqueue_jobs(job("pod"), 140);
     world.forge.enqueue_jobs(job("vm"), 60);
+    let _workers = world.drain_workers();
     let fetchers = world
-        .start_fetchers(6, Duration::from_millis(50), Duration::from_millis(200))
+        .start_fetchers(Duration::from_millis(50), Duration::from_millis(200))
         .await;
 
     world
@@ -306,8 +310,9 @@ async fn registration_is_persisted_and_reused_and_a_removed_runner_is_explained(
     let shutdown = CancellationToken::new();
     let file = world.config.forge.credentials_file.clone();
     assert!(!file.exists());
+    let identity = RunnerIdentity::shared(&world.config.forge);
 
-    let client = establish(&world.config.forge, &labels, &shutdown)
+    let client = establish(&world.config.forge, &identity, &labels, &shutdown)
         .await
         .expect("registers");
     let stored: serde_json::Value =
@@ -340,7 +345,7 @@ async fn registration_is_persisted_and_reused_and_a_removed_runner_is_explained(
     // A restart reuses the stored credentials: no second Register, even with the token rotated
     // (a Register with the old token would now be refused).
     world.forge.rotate_registration_token();
-    let again = establish(&world.config.forge, &labels, &shutdown)
+    let again = establish(&world.config.forge, &identity, &labels, &shutdown)
         .await
         .expect("reuses credentials");
     assert_eq!(
@@ -357,7 +362,7 @@ async fn registration_is_persisted_and_reused_and_a_removed_runner_is_explained(
     assert!(world.forge.remove_runner(&uuid));
     for style in [ErrorStyle::Gitea, ErrorStyle::Forgejo] {
         world.forge.set_error_style(style);
-        let err = establish(&world.config.forge, &labels, &shutdown)
+        let err = establish(&world.config.forge, &identity, &labels, &shutdown)
             .await
             .expect_err("unregistered");
         let RegistrationError::Unregistered { uuid: told, .. } = &err else {
@@ -381,12 +386,12 @@ async fn registration_is_persisted_and_reused_and_a_removed_runner_is_explained(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fetchers_stop_when_the_forge_forgets_the_runner() {
     let world = World::start().await;
+    let _workers = world.drain_workers();
     let fetchers = world
-        .start_fetchers(3, Duration::from_millis(50), Duration::from_millis(200))
+        .start_fetchers(Duration::from_millis(50), Duration::from_millis(200))
         .await;
-    let uuid = fetchers
-        .dispatcher
-        .forge
+    let uuid = fetchers.dispatcher.forges.registrations()[0]
+        .client
         .credentials()
         .expect("credentials")
         .uuid
@@ -417,14 +422,18 @@ fn fail_task_command(instance: &str, task_id: i64, reason: &str, nonce: &str) ->
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fail_task_reports_failure_once_and_respects_an_existing_terminal() {
     let world = World::start().await;
-    let forge = world.establish().await;
+    let forges = world.establish().await;
+    let forge = forges.registrations()[0].client.clone();
     let instance = world.forge_instance();
     let pod = BackendName::new("pod").expect("name");
     world.forge.enqueue_jobs(job("pod"), 2);
     let mut tasks = Vec::new();
     for _ in 0..2 {
         let reply = forge
-            .fetch_task(&FetchTaskRequest { tasks_version: 0 })
+            .fetch_task(&FetchTaskRequest {
+                tasks_version: 0,
+                ..Default::default()
+            })
             .await
             .expect("fetch");
         tasks.push(reply.task.expect("a task").id);
@@ -474,14 +483,14 @@ async fn fail_task_reports_failure_once_and_respects_an_existing_terminal() {
 
     let stop = CancellationToken::new();
     let consumer = {
-        let (bus, forge, stop) = (world.bus.clone(), forge.clone(), stop.clone());
+        let (bus, forges, stop) = (world.bus.clone(), forges.clone(), stop.clone());
         tokio::spawn(async move {
             let handler_bus = bus.clone();
             bus.run_consumer(
                 &ConsumerSpec::scheduler_commands(),
                 move |d| {
-                    let (bus, forge) = (handler_bus.clone(), forge.clone());
-                    async move { jr_scheduler::fail_task::handle(&bus, &forge, d).await }
+                    let (bus, forges) = (handler_bus.clone(), forges.clone());
+                    async move { jr_scheduler::fail_task::handle(&bus, &forges, d).await }
                 },
                 ConsumerOptions::default(),
                 stop,
@@ -631,8 +640,9 @@ async fn task_too_large_for_nats_is_failed_at_the_forge_instead_of_dropped() {
     spec.secrets.insert("BIG".into(), "x".repeat(1_100_000));
     let big = world.forge.enqueue_job(spec);
     world.forge.enqueue_jobs(job("pod"), 2);
+    let _workers = world.drain_workers();
     let fetchers = world
-        .start_fetchers(1, Duration::from_millis(50), Duration::from_millis(200))
+        .start_fetchers(Duration::from_millis(50), Duration::from_millis(200))
         .await;
 
     let snapshot = world

@@ -26,7 +26,10 @@ fn code_of<T: std::fmt::Debug>(result: Result<T, ForgeError>) -> Code {
 
 async fn fetch(executor: &ForgeClient) -> Option<jr_forge::proto::runner::v1::Task> {
     let reply = executor
-        .fetch_task(&FetchTaskRequest { tasks_version: 0 })
+        .fetch_task(&FetchTaskRequest {
+            tasks_version: 0,
+            ..Default::default()
+        })
         .await
         .expect("FetchTask");
     assert_eq!(
@@ -77,6 +80,15 @@ async fn claimed(h: &Harness, forge_task_id: i64) -> (AssignmentId, ForgeClient)
         fetch(&executor).await.is_some(),
         "first fetch delivers the task"
     );
+    // Before handing the task out the facade asked the forge whether it is still wanted: one
+    // heartbeat without result or outputs. Later assertions count only the executor's calls.
+    let mut forge = h.forge.lock().expect("lock");
+    let checks: Vec<_> = forge.update_tasks.drain(..).collect();
+    assert_eq!(checks.len(), 1, "one liveness check before the claim");
+    let check = checks[0].state.as_ref().expect("state");
+    assert_eq!((check.id, check.result), (forge_task_id, 0));
+    assert!(checks[0].outputs.is_empty());
+    drop(forge);
     (id, executor)
 }
 

@@ -152,7 +152,8 @@ async fn ledger_failures_ask_the_executor_to_retry_and_lose_nothing() {
     let (status, _) = call(&app, id, "UpdateTask", &final_state).await;
     assert_eq!(status, StatusCode::OK, "the retry goes through");
     assert!(ledger.inner.record(id).expect("record").terminal.is_some());
-    assert_eq!(forge.lock().expect("lock").update_tasks.len(), 2);
+    // The liveness check before the claim, then the executor's two final reports.
+    assert_eq!(forge.lock().expect("lock").update_tasks.len(), 3);
     assert_eq!(facade.stats().terminals_published, 1);
     assert!(facade.stats().ledger_errors >= 2);
 }

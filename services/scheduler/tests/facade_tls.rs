@@ -112,7 +112,13 @@ async fn fetch_task(
         ))
         .header("content-type", "application/proto")
         .header("x-runner-uuid", id.to_string())
-        .body(FetchTaskRequest { tasks_version: 0 }.encode_to_vec());
+        .body(
+            FetchTaskRequest {
+                tasks_version: 0,
+                ..Default::default()
+            }
+            .encode_to_vec(),
+        );
     if let Some(token) = token {
         request = request.header("x-runner-token", token);
     }

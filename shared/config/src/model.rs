@@ -41,6 +41,56 @@ pub struct NatsConfig {
     pub credentials_file: Option<PathBuf>,
     #[serde(default = "one")]
     pub stream_replicas: usize,
+    /// Size limits of the three streams (applied by the scheduler and the reconciler).
+    #[serde(default)]
+    pub streams: StreamsConfig,
+}
+
+/// `[nats.streams.*]`: limits per stream. A full stream refuses new messages (publishers
+/// retry); nothing stored is discarded to make room.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamsConfig {
+    #[serde(default = "assignments_limit")]
+    pub assignments: StreamLimitConfig,
+    #[serde(default = "events_limit")]
+    pub events: StreamLimitConfig,
+    #[serde(default = "commands_limit")]
+    pub commands: StreamLimitConfig,
+}
+
+impl Default for StreamsConfig {
+    fn default() -> Self {
+        Self {
+            assignments: assignments_limit(),
+            events: events_limit(),
+            commands: commands_limit(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct StreamLimitConfig {
+    pub max_messages: std::num::NonZeroU64,
+    pub max_bytes: std::num::NonZeroU64,
+}
+
+fn stream_limit(max_messages: u64, max_bytes: u64) -> StreamLimitConfig {
+    // Both arguments are non-zero constants below; `MIN` (1) is never used.
+    StreamLimitConfig {
+        max_messages: std::num::NonZeroU64::new(max_messages).unwrap_or(std::num::NonZeroU64::MIN),
+        max_bytes: std::num::NonZeroU64::new(max_bytes).unwrap_or(std::num::NonZeroU64::MIN),
+    }
+}
+fn assignments_limit() -> StreamLimitConfig {
+    stream_limit(1_000_000, 2 << 30)
+}
+fn events_limit() -> StreamLimitConfig {
+    stream_limit(10_000_000, 4 << 30)
+}
+fn commands_limit() -> StreamLimitConfig {
+    stream_limit(100_000, 256 << 20)
 }
 
 #[derive(Clone, Deserialize)]
@@ -82,15 +132,52 @@ pub struct ForgeConfig {
     /// Where registered credentials are persisted (JSON with uuid and token).
     #[serde(default = "default_credentials_file")]
     pub credentials_file: PathBuf,
-    /// Concurrent fetchers; default = total capacity of all enabled backends.
+    /// Removed: fetching is paced by capacity (`backend.<name>.lookahead`). Still accepted so
+    /// an older file loads; a warning says it is ignored.
     #[serde(default)]
     pub fetchers: Option<usize>,
+    /// `per-backend` (default): one forge runner per enabled backend, each declaring only that
+    /// backend's labels, so the forge hands each fetch loop only jobs its backend can run.
+    /// `shared`: one runner declaring every backend's labels (the layout before per-backend
+    /// registrations; used automatically when `forge.runner_uuid` is set).
+    #[serde(default)]
+    pub registration: Option<RegistrationLayout>,
+    /// Which forge answers: `gitea` (default) or `forgejo` (request keys; multi-task fetches
+    /// when `task_capacity` > 1).
+    #[serde(default)]
+    pub flavor: ForgeFlavor,
+    /// Forgejo only: most tasks asked for in one FetchTask (`task_capacity`). 1 = one per call.
+    #[serde(default = "one")]
+    pub task_capacity: usize,
+    /// Heartbeat (UpdateTask without result) for every fetched task no executor has claimed
+    /// yet, well inside the forge's zombie timeout (Gitea: 10 min).
+    #[serde(default = "three_min", with = "humantime_serde")]
+    pub keepalive_interval: Duration,
+    /// The fetcher sends `tasks_version = 0` at least this often, forcing the forge to look
+    /// for a job even when its version counter did not move.
+    #[serde(default = "thirty_s", with = "humantime_serde")]
+    pub version_reset_interval: Duration,
     #[serde(default = "two_s", with = "humantime_serde")]
     pub poll_interval: Duration,
     #[serde(default = "ten_s", with = "humantime_serde")]
     pub max_backoff: Duration,
     #[serde(default = "ten_s", with = "humantime_serde")]
     pub request_timeout: Duration,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum RegistrationLayout {
+    PerBackend,
+    Shared,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum ForgeFlavor {
+    #[default]
+    Gitea,
+    Forgejo,
 }
 
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
@@ -161,6 +248,17 @@ pub struct BackendConfig {
     pub labels: Vec<String>,
     #[serde(default = "three_h", with = "humantime_serde")]
     pub max_duration: Duration,
+    /// Jobs taken from the forge beyond free slots: how many may wait in JetStream for this
+    /// backend's worker. The rest of the backlog stays at the forge.
+    #[serde(default = "two")]
+    pub lookahead: usize,
+    /// Pre-made forge credentials of this backend's own runner (per-backend registrations).
+    #[serde(default)]
+    pub runner_uuid: Option<String>,
+    #[serde(default)]
+    pub runner_token: Option<String>,
+    #[serde(default)]
+    pub runner_token_file: Option<PathBuf>,
     #[serde(default)]
     pub providers: Vec<ProviderConfig>,
     /// Runner block defaults (Pod template fragment for pod backends).
@@ -338,6 +436,19 @@ impl BackendConfig {
     }
 }
 
+impl ForgeConfig {
+    /// The registration layout in effect: the configured one, else `shared` when pre-made
+    /// shared credentials are configured (so an existing single registration keeps working),
+    /// else `per-backend`.
+    pub fn layout(&self) -> RegistrationLayout {
+        self.registration.unwrap_or(if self.runner_uuid.is_some() {
+            RegistrationLayout::Shared
+        } else {
+            RegistrationLayout::PerBackend
+        })
+    }
+}
+
 impl Config {
     /// Enabled backends with their validated names.
     pub fn enabled_backends(&self) -> impl Iterator<Item = (BackendName, &BackendConfig)> {
@@ -350,6 +461,15 @@ impl Config {
 
 fn one() -> usize {
     1
+}
+fn two() -> usize {
+    2
+}
+fn thirty_s() -> Duration {
+    Duration::from_secs(30)
+}
+fn three_min() -> Duration {
+    Duration::from_secs(180)
 }
 fn one_u32() -> u32 {
     1

@@ -4,7 +4,9 @@ use std::collections::BTreeSet;
 
 use jr_protocol::BackendName;
 
-use crate::{BackendKind, Config, ConfigError, FacadeAuthMode};
+use std::time::Duration;
+
+use crate::{BackendKind, Config, ConfigError, FacadeAuthMode, ForgeFlavor, RegistrationLayout};
 
 impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -28,6 +30,7 @@ impl Config {
                 "give runner_uuid together with runner_token (or runner_token_file), or neither",
             ));
         }
+        self.validate_fetching()?;
         self.validate_facade()?;
         self.validate_backends()?;
         self.validate_routing()?;
@@ -45,6 +48,57 @@ impl Config {
                 "scheduler.seal_key_id",
                 format!("key id {id:?} is not in scheduler.seal_keys"),
             ));
+        }
+        Ok(())
+    }
+
+    fn validate_fetching(&self) -> Result<(), ConfigError> {
+        let f = &self.forge;
+        if f.task_capacity == 0 {
+            return Err(ConfigError::key(
+                "forge.task_capacity",
+                "must be at least 1",
+            ));
+        }
+        if f.task_capacity > 1 && f.flavor != ForgeFlavor::Forgejo {
+            return Err(ConfigError::key(
+                "forge.task_capacity",
+                "several tasks per fetch is a Forgejo feature: set forge.flavor = \"forgejo\" or task_capacity = 1",
+            ));
+        }
+        if f.keepalive_interval.is_zero() || f.keepalive_interval > Duration::from_secs(9 * 60) {
+            return Err(ConfigError::key(
+                "forge.keepalive_interval",
+                "must be between 1s and 9m: the forge fails a task after 10 minutes without a heartbeat",
+            ));
+        }
+        if f.version_reset_interval.is_zero() {
+            return Err(ConfigError::key(
+                "forge.version_reset_interval",
+                "must be greater than zero",
+            ));
+        }
+        if f.runner_uuid.is_some() && f.layout() == RegistrationLayout::PerBackend {
+            return Err(ConfigError::key(
+                "forge.runner_uuid",
+                "one runner for all backends is forge.registration = \"shared\"; with per-backend registrations set backend.<name>.runner_uuid/runner_token instead",
+            ));
+        }
+        for (name, b) in &self.backend {
+            if b.runner_uuid.is_some()
+                != (b.runner_token.is_some() || b.runner_token_file.is_some())
+            {
+                return Err(ConfigError::key(
+                    format!("backend.{name}.runner_uuid"),
+                    "give runner_uuid together with runner_token (or runner_token_file), or neither",
+                ));
+            }
+            if b.runner_uuid.is_some() && f.layout() == RegistrationLayout::Shared {
+                return Err(ConfigError::key(
+                    format!("backend.{name}.runner_uuid"),
+                    "per-backend runner credentials need forge.registration = \"per-backend\" (forge.runner_uuid selects one shared registration)",
+                ));
+            }
         }
         Ok(())
     }

@@ -15,8 +15,8 @@ use crate::proto::runner::v1::{
 };
 use crate::wire::{
     CONNECT_PROTOCOL_VERSION, CONTENT_TYPE_PROTO, HEADER_CONNECT_PROTOCOL_VERSION,
-    HEADER_CONNECT_TIMEOUT_MS, HEADER_RUNNER_TOKEN, HEADER_RUNNER_UUID, PING_SERVICE,
-    RUNNER_SERVICE,
+    HEADER_CONNECT_TIMEOUT_MS, HEADER_REQUEST_KEY, HEADER_RUNNER_TOKEN, HEADER_RUNNER_UUID,
+    PING_SERVICE, RUNNER_SERVICE,
 };
 
 /// Longest part of a non-Connect error body kept in [`ForgeError::Http`].
@@ -131,6 +131,34 @@ impl ForgeClient {
         self.call(RUNNER_SERVICE, "FetchTask", request, true).await
     }
 
+    /// `FetchTask` as a runner that must not lose a task: with Forgejo's request key (a
+    /// repeated key returns the tasks assigned under it again), and refusing a reply that
+    /// carries a field this client does not know — a task under an unknown field number would
+    /// be handed out by the forge and silently dropped here.
+    pub async fn fetch_tasks(
+        &self,
+        request: &FetchTaskRequest,
+        request_key: Option<&str>,
+    ) -> Result<FetchTaskResponse, ForgeError> {
+        let headers: Vec<(&str, &str)> = request_key
+            .map(|k| vec![(HEADER_REQUEST_KEY, k)])
+            .unwrap_or_default();
+        let (body, _) = self
+            .call_raw(RUNNER_SERVICE, "FetchTask", request, true, &headers)
+            .await?;
+        let unknown = crate::wire::unknown_fields(&body, &[1, 2, 3]);
+        if !unknown.is_empty() {
+            return Err(ForgeError::UnexpectedFields {
+                message: "FetchTaskResponse",
+                fields: unknown,
+            });
+        }
+        FetchTaskResponse::decode(body.as_ref()).map_err(|source| ForgeError::DecodeResponse {
+            message: "FetchTask",
+            source,
+        })
+    }
+
     /// `UpdateTask` (authenticated).
     pub async fn update_task(
         &self,
@@ -160,6 +188,25 @@ impl ForgeClient {
         Req: Message,
         Resp: Message + Default,
     {
+        let (body, _) = self
+            .call_raw(service, method, request, authenticated, &[])
+            .await?;
+        Resp::decode(body.as_ref()).map_err(|source| ForgeError::DecodeResponse {
+            message: method,
+            source,
+        })
+    }
+
+    /// A call with extra request headers, returning the successful reply's raw body and
+    /// headers (e.g. Declare's capabilities header, which the facade relays).
+    pub async fn call_raw<Req: Message>(
+        &self,
+        service: &str,
+        method: &'static str,
+        request: &Req,
+        authenticated: bool,
+        extra_headers: &[(&str, &str)],
+    ) -> Result<(bytes::Bytes, reqwest::header::HeaderMap), ForgeError> {
         let url = format!("{}/{service}/{method}", self.rpc_base);
         let mut builder = self
             .http
@@ -171,6 +218,9 @@ impl ForgeClient {
                 self.timeout.as_millis().to_string(),
             )
             .body(request.encode_to_vec());
+        for (name, value) in extra_headers {
+            builder = builder.header(*name, *value);
+        }
         if authenticated {
             let credentials = self
                 .credentials
@@ -182,13 +232,11 @@ impl ForgeClient {
         }
         let response = builder.send().await.map_err(ForgeError::from_reqwest)?;
         let status = response.status();
+        let headers = response.headers().clone();
         // reqwest advertises gzip and transparently decodes `content-encoding: gzip` bodies.
         let body = response.bytes().await.map_err(ForgeError::from_reqwest)?;
         if status.is_success() {
-            return Resp::decode(body.as_ref()).map_err(|source| ForgeError::DecodeResponse {
-                message: method,
-                source,
-            });
+            return Ok((body, headers));
         }
         let err = match parse_connect_error(&body) {
             Some(connect) => ForgeError::Connect {

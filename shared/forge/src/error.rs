@@ -29,6 +29,16 @@ pub enum ForgeError {
         #[source]
         source: prost::DecodeError,
     },
+    /// A 200 reply carrying fields this client does not know. For FetchTask that may be tasks
+    /// the forge handed out under a field number jetrunner cannot read.
+    #[error(
+        "{message} reply carries unknown fields {fields:?}; refusing it so no handed-out task goes unseen \
+         (set forge.task_capacity = 1 if this forge's multi-task fields differ)"
+    )]
+    UnexpectedFields {
+        message: &'static str,
+        fields: Vec<u32>,
+    },
     /// An authenticated RunnerService call was attempted on a client without credentials.
     #[error("no runner credentials for {method}")]
     MissingCredentials { method: &'static str },
@@ -53,6 +63,7 @@ impl ForgeError {
             | ForgeError::Timeout(_)
             | ForgeError::Transport(_)
             | ForgeError::DecodeResponse { .. }
+            | ForgeError::UnexpectedFields { .. }
             | ForgeError::MissingCredentials { .. }
             | ForgeError::Build(_)
             | ForgeError::UnsupportedContentType(_) => None,
@@ -88,6 +99,7 @@ impl ForgeError {
             ForgeError::Http { status, .. } => *status >= 500 || *status == 429 || *status == 408,
             ForgeError::Timeout(_) | ForgeError::Transport(_) => true,
             ForgeError::DecodeResponse { .. }
+            | ForgeError::UnexpectedFields { .. }
             | ForgeError::MissingCredentials { .. }
             | ForgeError::Build(_)
             | ForgeError::UnsupportedContentType(_)
@@ -103,6 +115,7 @@ impl ForgeError {
             ForgeError::Timeout(_) => "timeout",
             ForgeError::Transport(_) => "transport",
             ForgeError::DecodeResponse { .. } => "decode_response",
+            ForgeError::UnexpectedFields { .. } => "unexpected_fields",
             ForgeError::MissingCredentials { .. } => "missing_credentials",
             ForgeError::Build(_) => "build",
             ForgeError::UnsupportedContentType(_) => "unsupported_content_type",

@@ -20,6 +20,8 @@ pub const CONTENT_TYPE_JSON: &str = "application/json";
 
 pub const HEADER_RUNNER_UUID: &str = "x-runner-uuid";
 pub const HEADER_RUNNER_TOKEN: &str = "x-runner-token";
+/// Forgejo: a fetch repeated with the same key returns the tasks assigned under it again.
+pub const HEADER_REQUEST_KEY: &str = "x-runner-request-key";
 pub const HEADER_CONNECT_PROTOCOL_VERSION: &str = "connect-protocol-version";
 pub const HEADER_CONNECT_TIMEOUT_MS: &str = "connect-timeout-ms";
 pub const CONNECT_PROTOCOL_VERSION: &str = "1";
@@ -99,6 +101,7 @@ impl ForgeError {
                 );
             }
             ForgeError::DecodeResponse { .. }
+            | ForgeError::UnexpectedFields { .. }
             | ForgeError::MissingCredentials { .. }
             | ForgeError::Build(_) => (Code::Internal, self.to_string()),
         };
@@ -165,5 +168,75 @@ mod tests {
             rpc_path(PING_SERVICE, "Ping"),
             "/api/actions/ping.v1.PingService/Ping"
         );
+    }
+}
+
+/// Field numbers at the top level of an encoded protobuf message that are not in `known`
+/// (each reported once). A body that is not valid protobuf yields nothing here; decoding it
+/// reports that.
+pub fn unknown_fields(body: &[u8], known: &[u32]) -> Vec<u32> {
+    fn varint(bytes: &[u8], at: &mut usize) -> Option<u64> {
+        let mut value = 0u64;
+        for shift in (0..64).step_by(7) {
+            let byte = *bytes.get(*at)?;
+            *at += 1;
+            value |= u64::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                return Some(value);
+            }
+        }
+        None
+    }
+    let mut unknown = Vec::new();
+    let mut at = 0;
+    while at < body.len() {
+        let Some(key) = varint(body, &mut at) else {
+            break;
+        };
+        let field = u32::try_from(key >> 3).unwrap_or(u32::MAX);
+        let skip = match key & 7 {
+            0 => varint(body, &mut at).map(|_| 0),
+            1 => Some(8),
+            2 => varint(body, &mut at).and_then(|n| usize::try_from(n).ok()),
+            5 => Some(4),
+            _ => None,
+        };
+        let Some(skip) = skip else {
+            break;
+        };
+        at = at.saturating_add(skip);
+        if !known.contains(&field) && !unknown.contains(&field) {
+            unknown.push(field);
+        }
+    }
+    unknown
+}
+
+#[cfg(test)]
+mod unknown_field_tests {
+    use super::unknown_fields;
+    use crate::proto::runner::v1::{FetchTaskResponse, Task};
+    use prost::Message;
+
+    #[test]
+    fn fields_outside_the_known_set_are_reported() {
+        let reply = FetchTaskResponse {
+            task: Some(Task {
+                id: 7,
+                ..Default::default()
+            }),
+            tasks_version: 3,
+            additional_tasks: vec![Task {
+                id: 8,
+                ..Default::default()
+            }],
+        }
+        .encode_to_vec();
+        assert!(unknown_fields(&reply, &[1, 2, 3]).is_empty());
+        assert_eq!(unknown_fields(&reply, &[1, 2]), vec![3]);
+        // A varint field 9 and a fixed64 field 10 after the known ones.
+        let mut extended = reply.clone();
+        extended.extend_from_slice(&[9 << 3, 0x96, 0x01, (10 << 3) | 1, 0, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(unknown_fields(&extended, &[1, 2, 3]), vec![9, 10]);
     }
 }

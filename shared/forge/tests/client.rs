@@ -84,12 +84,16 @@ async fn fetch_task_succeeds_with_auth_and_connect_headers() {
                     ..Default::default()
                 }),
                 tasks_version: request.tasks_version + 1,
+                ..Default::default()
             })
         }),
     );
     let base = serve(router).await;
     let reply = client(&base, Some(creds()))
-        .fetch_task(&FetchTaskRequest { tasks_version: 5 })
+        .fetch_task(&FetchTaskRequest {
+            tasks_version: 5,
+            ..Default::default()
+        })
         .await
         .expect("fetch");
     assert_eq!(reply.tasks_version, 6);
@@ -323,6 +327,7 @@ async fn gzip_compressed_reply_is_decoded() {
             let plain = FetchTaskResponse {
                 task: Some(task),
                 tasks_version: 3,
+                ..Default::default()
             }
             .encode_to_vec();
             let mut encoder =

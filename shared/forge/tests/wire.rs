@@ -10,7 +10,11 @@ use prost::Message;
 #[test]
 fn fetch_task_request_with_version_five_encodes_to_08_05() {
     assert_eq!(
-        FetchTaskRequest { tasks_version: 5 }.encode_to_vec(),
+        FetchTaskRequest {
+            tasks_version: 5,
+            ..Default::default()
+        }
+        .encode_to_vec(),
         vec![0x08, 0x05]
     );
 }

@@ -26,6 +26,14 @@ pub struct Behaviour {
     pub abandoned_timeout: Duration,
     /// Value for the `X-Gitea-Actions-Capabilities` header on Declare replies.
     pub capabilities: Option<String>,
+    /// Gitea's unsafe concurrent pick: a FetchTask that overlaps an earlier, still running
+    /// FetchTask of the same runner loses the job guard and answers "no task" with the latest
+    /// version, although jobs wait.
+    pub fetch_race: bool,
+    /// Forgejo extensions: `task_capacity` / `additional_tasks` and `x-runner-request-key`
+    /// replay (a repeated key returns the tasks assigned under it again, with new tokens, and
+    /// `tasks_version = 0`; a key in use by another call is "locked").
+    pub forgejo: bool,
 }
 
 impl Default for Behaviour {
@@ -37,6 +45,8 @@ impl Default for Behaviour {
             endless_timeout: Duration::from_secs(3 * 60 * 60),
             abandoned_timeout: Duration::from_secs(24 * 60 * 60),
             capabilities: None,
+            fetch_race: false,
+            forgejo: false,
         }
     }
 }

@@ -188,6 +188,14 @@ impl RpcError {
         )
     }
 
+    /// Forgejo: another call holds the same request key.
+    pub fn request_key_locked() -> Self {
+        Self::grpc(
+            Code::Internal,
+            "request key is currently locked; retry soon",
+        )
+    }
+
     pub fn runner_removed() -> Self {
         Self::plain(Code::Internal, "pick task: runner has been removed")
     }

@@ -226,6 +226,13 @@ pub struct FaultCounters {
     pub injected_errors: u64,
     /// Requests processed whose reply was withheld.
     pub dropped_replies: u64,
+    /// Most FetchTask calls of one runner in flight at the same moment.
+    pub max_concurrent_fetches: u64,
+    /// FetchTask calls answered "no task" because an earlier call of the same runner was
+    /// still in flight (`Behaviour::fetch_race`).
+    pub lost_fetch_races: u64,
+    /// Forgejo: fetches that repeated a request key and got its tasks again.
+    pub replayed_request_keys: u64,
 }
 
 /// Aggregate counts for dashboards (`GET /_fake/stats`).

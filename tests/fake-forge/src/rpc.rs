@@ -16,7 +16,7 @@ use prost::Message;
 use crate::error::{Code, ConnectErrorBody, ErrorStyle, RpcError};
 use crate::faults::{DropMode, FaultAction, Rpc};
 use crate::server::Shared;
-use crate::state::State;
+use crate::state::{FetchCall, State};
 
 /// A withheld reply is released after this long at the latest (or at shutdown).
 const HANG_LIMIT: Duration = Duration::from_secs(600);
@@ -76,14 +76,39 @@ async fn declare(AxumState(shared): Ctx, headers: HeaderMap, body: Bytes) -> Res
 }
 
 async fn fetch_task(AxumState(shared): Ctx, headers: HeaderMap, body: Bytes) -> Response {
-    serve(
+    let uuid = header_str(&headers, "x-runner-uuid").to_owned();
+    let key = headers
+        .get("x-runner-request-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    // The call counts as in flight from its arrival, latency included, as on a real server.
+    let (seq, key_locked) = shared.with_state(|s| {
+        let seq = s.fetch_begin(&uuid);
+        let locked = key.as_deref().is_some_and(|k| !s.key_begin(&uuid, k));
+        (seq, locked)
+    });
+    let call = FetchCall {
+        seq,
+        request_key: key.as_deref(),
+        key_locked,
+    };
+    let response = serve(
         &shared,
         Rpc::FetchTask,
         &headers,
         body,
-        |s, caller, req, now| s.fetch_task(caller, req, now),
+        |s, caller, req, now| s.fetch_task(caller, req, call, now),
     )
-    .await
+    .await;
+    shared.with_state(|s| {
+        s.fetch_end(&uuid, seq);
+        if let Some(k) = key.as_deref()
+            && !key_locked
+        {
+            s.key_end(&uuid, k);
+        }
+    });
+    response
 }
 
 async fn update_task(AxumState(shared): Ctx, headers: HeaderMap, body: Bytes) -> Response {

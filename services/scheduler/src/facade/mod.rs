@@ -11,7 +11,7 @@
 
 mod auth;
 mod ledger;
-mod progress;
+pub(crate) mod progress;
 mod proxy;
 mod rpc;
 mod server;
@@ -20,7 +20,6 @@ mod stats;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use jr_forge::ForgeClient;
 use jr_protocol::AssignmentId;
 
 use crate::seal::Sealer;
@@ -72,8 +71,9 @@ pub struct FacadeSettings {
     /// SPIFFE trust domain executor ids must belong to (`spiffe://<trust_domain>/…`). `None`
     /// accepts any trust domain the trust bundle vouches for.
     pub trust_domain: Option<String>,
-    /// Client for the forge with the scheduler's real runner credentials.
-    pub forge: ForgeClient,
+    /// Forge clients with the scheduler's real runner credentials, per backend (a task belongs
+    /// to the runner that fetched it).
+    pub forges: crate::forges::Forges,
     /// Forge instance root URL; proxied artifact/cache paths are appended to it.
     pub forge_base_url: String,
     /// Opens the sealed task of an assignment.

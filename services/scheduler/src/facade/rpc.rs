@@ -219,6 +219,7 @@ impl<L: Ledger> Facade<L> {
         let no_task = FetchTaskResponse {
             task: None,
             tasks_version: TASKS_VERSION,
+            additional_tasks: Vec::new(),
         };
         let (view, executor) = match self.authenticate(caller).await.map_err(auth_error)? {
             Authenticated::Ready { view, executor } => (view, executor),
@@ -232,6 +233,38 @@ impl<L: Ledger> Facade<L> {
         }
         // Open the task before claiming, so a task that cannot be delivered is never claimed.
         let task = self.open_task(&view)?;
+        // The forge may have ended the task while it waited (a user cancelled the run, a
+        // reaper failed it): ask before handing it out, and withdraw it instead of starting a
+        // job nobody wants. This heartbeat also keeps the task alive until the executor's own.
+        match crate::forge_report::keepalive(self.forge_of(&view)?, view.forge_task_id).await {
+            Ok(None) => {}
+            Ok(Some(result)) => {
+                let terminal = Terminal {
+                    forge_task_id: view.forge_task_id,
+                    result,
+                    source: TerminalSource::Withdrawn,
+                    log_closed: true,
+                    reason: Some(
+                        "the forge ended the task before an executor claimed it".to_owned(),
+                    ),
+                };
+                match self.ledger.publish_terminal(&view, terminal).await {
+                    Ok(_) => {
+                        tracing::info!(assignment = %view.id, ?result, "forge ended the task before the claim; withdrawn")
+                    }
+                    Err(err) => {
+                        bump(&self.counters.ledger_errors);
+                        tracing::warn!(assignment = %view.id, error = %err, "publishing the withdrawal failed");
+                    }
+                }
+                return Ok(no_task);
+            }
+            Err(err) => {
+                bump(&self.counters.forward_errors);
+                tracing::warn!(assignment = %view.id, error = %err, "forge unreachable before the claim; the executor polls again");
+                return Ok(no_task);
+            }
+        }
         // The ledger's once-only publish settles races between executors and facade replicas.
         match self.ledger.publish_claimed(&view, &executor).await {
             Ok(true) => {
@@ -244,6 +277,7 @@ impl<L: Ledger> Facade<L> {
                 Ok(FetchTaskResponse {
                     task: Some(task),
                     tasks_version: TASKS_VERSION,
+                    additional_tasks: Vec::new(),
                 })
             }
             Ok(false) => {
@@ -316,6 +350,14 @@ impl<L: Ledger> Facade<L> {
         RpcError::new(Code::FailedPrecondition, why)
     }
 
+    /// The client of the runner that fetched this assignment's task.
+    fn forge_of(&self, view: &AssignmentView) -> Result<&jr_forge::ForgeClient, RpcError> {
+        self.settings.forges.client(&view.backend).ok_or_else(|| {
+            tracing::error!(assignment = %view.id, backend = %view.backend, "no forge registration for this backend");
+            RpcError::new(Code::Unavailable, "no forge registration for this backend")
+        })
+    }
+
     fn forge_failed(&self, err: &ForgeError) -> RpcError {
         bump(&self.counters.forward_errors);
         tracing::info!(error = %err, kind = err.kind(), "forge refused a forwarded report");
@@ -347,8 +389,7 @@ impl<L: Ledger> Facade<L> {
         }
         bump(&self.counters.forwarded_calls);
         let reply = self
-            .settings
-            .forge
+            .forge_of(&view)?
             .update_task(&request)
             .await
             .map_err(|err| self.forge_failed(&err))?;
@@ -404,8 +445,7 @@ impl<L: Ledger> Facade<L> {
         }
         bump(&self.counters.forwarded_calls);
         let reply = self
-            .settings
-            .forge
+            .forge_of(&view)?
             .update_log(&request)
             .await
             .map_err(|err| self.forge_failed(&err))?;

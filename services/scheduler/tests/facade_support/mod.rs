@@ -226,8 +226,14 @@ pub fn settings(
     FacadeSettings {
         mode,
         trust_domain: Some("ci.example.org".into()),
-        forge: ForgeClient::new(forge_url, Some(credentials), Duration::from_secs(10))
-            .expect("forge client"),
+        forges: jr_scheduler::forges::Forges::shared(
+            ForgeClient::new(forge_url, Some(credentials), Duration::from_secs(10))
+                .expect("forge client"),
+            vec![
+                BackendName::new("pod").expect("backend"),
+                BackendName::new("vm").expect("backend"),
+            ],
+        ),
         forge_base_url: forge_url.to_owned(),
         sealer,
         insecure_plain_http,

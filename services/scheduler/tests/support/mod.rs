@@ -15,12 +15,12 @@ use jr_bus::testing::NatsServer;
 use jr_bus::{Bus, ConsumerSpec, Topology};
 use jr_config::Config;
 use jr_fake_forge::FakeForge;
-use jr_forge::ForgeClient;
 use jr_protocol::{Assignment, Envelope, Message, STREAM_ASSIGNMENTS, subject};
 use jr_scheduler::fetcher::{Dispatcher, FetchError, Pacing, run_fetchers};
-use jr_scheduler::registration::establish;
+use jr_scheduler::forges::Forges;
 use jr_scheduler::routing::Router;
 use jr_scheduler::seal::Sealer;
+use jr_scheduler::unclaimed::Unclaimed;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -60,6 +60,7 @@ pub fn config_text(
 url = "{nats_url}"
 [forge]
 url = "{forge_url}"
+registration = "LAYOUT"
 registration_token = "REGISTRATION_TOKEN"
 credentials_file = "{credentials}"
 request_timeout = "5s"
@@ -96,10 +97,21 @@ impl World {
         Self::start_with(jr_fake_forge::Config::default(), &[]).await
     }
 
-    /// `extra_pod_labels` are declared by the pod backend without a routing rule.
+    /// `extra_pod_labels` are declared by the pod backend without a routing rule. One shared
+    /// registration for both backends.
     pub async fn start_with(
         forge_config: jr_fake_forge::Config,
         extra_pod_labels: &[&str],
+    ) -> World {
+        Self::start_layout(forge_config, extra_pod_labels, "shared", "").await
+    }
+
+    /// `layout` is `forge.registration`; `extra_config` is appended to the config file.
+    pub async fn start_layout(
+        forge_config: jr_fake_forge::Config,
+        extra_pod_labels: &[&str],
+        layout: &str,
+        extra_config: &str,
     ) -> World {
         init_tracing();
         let _ = rustls::crypto::ring::default_provider().install_default();
@@ -114,12 +126,18 @@ impl World {
             &dir.path().join("runner.json"),
             extra_pod_labels,
         )
-        .replace("REGISTRATION_TOKEN", &forge.registration_token());
+        .replace("REGISTRATION_TOKEN", &forge.registration_token())
+        .replace("LAYOUT", layout)
+            + extra_config;
         let config = jr_config::load_str(&text, "test", std::iter::empty()).expect("valid config");
         let bus = Bus::connect(&nats.url(), "scheduler-test", None)
             .await
             .expect("bus connects");
-        bus.ensure_topology(&Topology::new().consumer(ConsumerSpec::scheduler_commands()))
+        let mut topology = Topology::new().consumer(ConsumerSpec::scheduler_commands());
+        for (backend, _) in config.enabled_backends() {
+            topology = topology.consumer(ConsumerSpec::worker_assignments(&backend));
+        }
+        bus.ensure_topology(&topology)
             .await
             .expect("streams declared");
         World {
@@ -140,22 +158,18 @@ impl World {
     }
 
     /// Registers (or reuses the stored credentials) and declares, as `service::run` does.
-    pub async fn establish(&self) -> ForgeClient {
+    pub async fn establish(&self) -> Forges {
         let shutdown = CancellationToken::new();
-        establish(
-            &self.config.forge,
-            self.router().declared_labels(),
-            &shutdown,
-        )
-        .await
-        .expect("registration succeeds")
+        Forges::establish(&self.config, &self.router(), &shutdown)
+            .await
+            .expect("registration succeeds")
     }
 
-    pub fn dispatcher(&self, forge: ForgeClient) -> Arc<Dispatcher> {
+    pub fn dispatcher(&self, forges: Forges) -> Arc<Dispatcher> {
         let sealer = jr_scheduler::service::sealer_from_config(&self.config).expect("seal key");
         Arc::new(Dispatcher {
             bus: self.bus.clone(),
-            forge,
+            forges,
             router: self.router(),
             sealer: Arc::new(sealer),
             forge_instance: self.forge_instance(),
@@ -164,35 +178,90 @@ impl World {
                 .enabled_backends()
                 .map(|(n, b)| (n, b.max_duration))
                 .collect(),
+            lookahead: self
+                .config
+                .enabled_backends()
+                .map(|(n, b)| (n, b.lookahead))
+                .collect(),
+            unclaimed: Arc::new(Unclaimed::new(self.config.forge.keepalive_interval)),
             stats: Default::default(),
         })
     }
 
-    /// Registration, then `fetchers` fetchers polling every `poll`.
-    pub async fn start_fetchers(
-        &self,
-        fetchers: usize,
-        poll: Duration,
-        max_backoff: Duration,
-    ) -> Fetchers {
-        let forge = self.establish().await;
-        let dispatcher = self.dispatcher(forge);
+    /// Registration, then one fetch loop per registration polling every `poll`, paced by the
+    /// worker consumers (see [`World::drain_workers`]).
+    pub async fn start_fetchers(&self, poll: Duration, max_backoff: Duration) -> Fetchers {
+        let forges = self.establish().await;
+        let dispatcher = self.dispatcher(forges);
         let shutdown = CancellationToken::new();
         let pacing = Pacing {
             poll_interval: poll,
             max_backoff,
+            version_reset_interval: self.config.forge.version_reset_interval,
+            flavor: self.config.forge.flavor,
+            task_capacity: self.config.forge.task_capacity,
         };
-        let task = tokio::spawn(run_fetchers(
-            fetchers,
-            dispatcher.clone(),
-            pacing,
-            shutdown.clone(),
-        ));
+        let task = tokio::spawn(run_fetchers(dispatcher.clone(), pacing, shutdown.clone()));
         Fetchers {
             dispatcher,
             shutdown,
             task: Some(task),
         }
+    }
+
+    /// Stand-in workers with unlimited capacity: every assignment delivered to a worker
+    /// consumer is acked at once, so nothing waits and fetching is never paused. Stops when
+    /// the returned token is cancelled (or the test ends).
+    pub fn drain_workers(&self) -> CancellationToken {
+        let stop = CancellationToken::new();
+        for (backend, _) in self.config.enabled_backends() {
+            let (js, stop) = (self.bus.jetstream().clone(), stop.clone());
+            let durable = ConsumerSpec::worker_assignments(&backend).durable;
+            tokio::spawn(async move {
+                // Re-binds after errors (NATS restarts in some tests) until stopped.
+                while !stop.is_cancelled() {
+                    let messages = match js.get_stream(STREAM_ASSIGNMENTS).await {
+                        Ok(stream) => match stream
+                            .get_consumer::<consumer::pull::Config>(&durable)
+                            .await
+                        {
+                            Ok(consumer) => consumer.messages().await.ok(),
+                            Err(_) => None,
+                        },
+                        Err(_) => None,
+                    };
+                    if let Some(mut messages) = messages {
+                        loop {
+                            tokio::select! {
+                                _ = stop.cancelled() => return,
+                                next = messages.next() => match next {
+                                    Some(Ok(m)) => { let _ = m.ack().await; }
+                                    Some(Err(_)) | None => break,
+                                },
+                            }
+                        }
+                    }
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                    }
+                }
+            });
+        }
+        stop
+    }
+
+    /// Assignments of `backend` stored but not yet delivered to its worker.
+    pub async fn waiting_for(&self, backend: &str) -> u64 {
+        let backend = jr_protocol::BackendName::new(backend).expect("backend");
+        self.bus
+            .consumer_info(
+                STREAM_ASSIGNMENTS,
+                &ConsumerSpec::worker_assignments(&backend).durable,
+            )
+            .await
+            .map(|c| c.num_pending)
+            .unwrap_or(0)
     }
 
     /// Messages now stored in JR_ASSIGNMENTS.

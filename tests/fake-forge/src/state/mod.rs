@@ -2,6 +2,7 @@
 //! Pure: every method takes `now` and returns a reply or an `RpcError`; no IO here.
 
 mod fetch;
+pub(crate) use fetch::FetchCall;
 mod update;
 mod view;
 
@@ -109,6 +110,15 @@ pub(crate) struct State {
     next_wait_seq: u64,
     next_task_id: i64,
     tasks_version: i64,
+    /// FetchTask calls in flight: (runner uuid, call sequence).
+    fetches_in_flight: std::collections::BTreeSet<(String, u64)>,
+    next_fetch_seq: u64,
+    /// FetchTask calls that began while another call of the same runner was in flight.
+    racing_fetches: std::collections::BTreeSet<u64>,
+    /// Forgejo: (runner uuid, request key) → the tasks assigned under that key.
+    request_keys: BTreeMap<(String, String), Vec<i64>>,
+    /// Forgejo: request keys some call is using right now.
+    keys_in_use: std::collections::BTreeSet<(String, String)>,
 }
 
 pub(crate) fn random_hex40() -> String {
@@ -132,6 +142,11 @@ impl State {
             next_wait_seq: 0,
             next_task_id: 1,
             tasks_version: 0,
+            fetches_in_flight: Default::default(),
+            next_fetch_seq: 0,
+            racing_fetches: Default::default(),
+            request_keys: BTreeMap::new(),
+            keys_in_use: Default::default(),
         }
     }
 

@@ -129,8 +129,14 @@ impl Client {
     }
 
     pub async fn fetch(&self, tasks_version: i64) -> Result<pb::FetchTaskResponse, CallError> {
-        self.call(Rpc::FetchTask, &pb::FetchTaskRequest { tasks_version })
-            .await
+        self.call(
+            Rpc::FetchTask,
+            &pb::FetchTaskRequest {
+                tasks_version,
+                ..Default::default()
+            },
+        )
+        .await
     }
 
     /// Fetches with version 0 and expects a task.

@@ -1,0 +1,131 @@
+//! Pure fetch-pacing decisions: the `tasks_version` a fetch sends, and how many tasks a
+//! registration may take from the forge now.
+
+use std::time::{Duration, Instant};
+
+/// act_runner's `tasks_version` rule for one fetch loop, compared against the version this
+/// loop *sent* (a loop never shares its version with another caller), plus a periodic 0 as a
+/// safety net: a version the forge reported while jobs still waited would otherwise hide them
+/// until the next version bump.
+#[derive(Clone, Debug)]
+pub struct TasksVersion {
+    stored: i64,
+    reset_every: Duration,
+    last_zero: Option<Instant>,
+}
+
+impl TasksVersion {
+    pub fn new(reset_every: Duration) -> Self {
+        Self {
+            stored: 0,
+            reset_every,
+            last_zero: None,
+        }
+    }
+
+    /// The version to send now.
+    pub fn to_send(&mut self, now: Instant) -> i64 {
+        let due = self
+            .last_zero
+            .is_none_or(|at| now.saturating_duration_since(at) >= self.reset_every);
+        if self.stored == 0 || due {
+            self.last_zero = Some(now);
+            return 0;
+        }
+        self.stored
+    }
+
+    /// Records the reply to a fetch that sent `sent`.
+    pub fn after_reply(&mut self, sent: i64, replied: i64, got_tasks: bool) {
+        if replied > sent {
+            self.stored = replied;
+        }
+        if got_tasks {
+            // More jobs may be queued: the next fetch must try an assignment.
+            self.stored = 0;
+        }
+    }
+}
+
+/// What the bus says about one backend a registration fetches for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BackendRoom {
+    /// How many assignments may wait for this backend's worker (`backend.<name>.lookahead`).
+    pub lookahead: usize,
+    /// Assignments stored for the backend's worker but not yet delivered to it (the worker
+    /// pulls only while it has a free slot, so these wait for capacity). `None`: the worker's
+    /// consumer does not exist or cannot be read — no worker to take work.
+    pub waiting: Option<u64>,
+}
+
+/// How many tasks a registration may take now: over its backends, the lookahead not yet used
+/// by assignments waiting for a slot. A backend whose worker takes everything at once has
+/// nothing waiting, so it gets its full lookahead every time: fetching then runs at the pace
+/// the worker frees slots, and never more than `lookahead` jobs wait per backend.
+pub fn room(backends: &[BackendRoom]) -> usize {
+    backends
+        .iter()
+        .map(|b| match b.waiting {
+            Some(waiting) => b
+                .lookahead
+                .saturating_sub(usize::try_from(waiting).unwrap_or(usize::MAX)),
+            None => 0,
+        })
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn version_follows_the_reply_only_when_it_is_newer_than_what_was_sent() {
+        let t0 = Instant::now();
+        let mut v = TasksVersion::new(Duration::from_secs(30));
+        assert_eq!(v.to_send(t0), 0);
+        v.after_reply(0, 5, false);
+        assert_eq!(v.to_send(t0 + Duration::from_secs(1)), 5);
+        // An older reply (another registration's view, a restarted forge) does not move it.
+        v.after_reply(5, 3, false);
+        assert_eq!(v.to_send(t0 + Duration::from_secs(2)), 5);
+        v.after_reply(5, 7, false);
+        assert_eq!(v.to_send(t0 + Duration::from_secs(3)), 7);
+    }
+
+    #[test]
+    fn a_received_task_forces_the_next_fetch_to_look_for_more() {
+        let t0 = Instant::now();
+        let mut v = TasksVersion::new(Duration::from_secs(30));
+        let _ = v.to_send(t0);
+        v.after_reply(0, 4, false);
+        assert_eq!(v.to_send(t0 + Duration::from_secs(1)), 4);
+        v.after_reply(4, 4, true);
+        assert_eq!(v.to_send(t0 + Duration::from_secs(2)), 0);
+    }
+
+    #[test]
+    fn version_zero_is_sent_periodically_even_when_the_forge_reports_no_change() {
+        let t0 = Instant::now();
+        let mut v = TasksVersion::new(Duration::from_secs(30));
+        assert_eq!(v.to_send(t0), 0);
+        v.after_reply(0, 9, false);
+        for s in 1..30 {
+            assert_eq!(v.to_send(t0 + Duration::from_secs(s)), 9, "second {s}");
+        }
+        assert_eq!(v.to_send(t0 + Duration::from_secs(30)), 0);
+        v.after_reply(0, 9, false);
+        assert_eq!(v.to_send(t0 + Duration::from_secs(31)), 9);
+    }
+
+    #[test]
+    fn room_is_the_unused_lookahead_of_backends_with_a_worker() {
+        let b = |lookahead, waiting| BackendRoom { lookahead, waiting };
+        assert_eq!(room(&[b(2, Some(0))]), 2);
+        assert_eq!(room(&[b(2, Some(1))]), 1);
+        assert_eq!(room(&[b(2, Some(2))]), 0);
+        assert_eq!(room(&[b(2, Some(40))]), 0);
+        // No worker consumer: nothing is taken for that backend.
+        assert_eq!(room(&[b(2, None)]), 0);
+        assert_eq!(room(&[b(2, None), b(3, Some(1))]), 2);
+    }
+}
