@@ -281,6 +281,9 @@ pub enum TerminalSource {
     Executor,
     /// jetrunner reported the failure itself (`fail-task`).
     FailTask,
+    /// The forge ended the task (cancelled, or failed by a reaper) while it still waited for an
+    /// executor; the scheduler learnt it from a keepalive. No workload may run it any more.
+    Withdrawn,
 }
 
 /// Once-only: the forge accepted a final result for the task.
