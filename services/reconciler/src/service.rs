@@ -57,7 +57,9 @@ async fn open_store(url: &str, shutdown: &CancellationToken) -> anyhow::Result<O
 pub async fn run(p: Process) -> anyhow::Result<()> {
     let shutdown = p.shutdown.token();
     let cfg = p.config.reconciler.clone();
-    let topology = jr_bus::Topology::new().replicas(p.config.nats.stream_replicas);
+    let topology = jr_bus::Topology::new()
+        .replicas(p.config.nats.stream_replicas)
+        .stream_limits(jr_service::stream_limits(&p.config.nats));
     p.bus
         .ensure_topology(&topology)
         .await

@@ -38,5 +38,5 @@ pub use metrics::{BusMetrics, Labels};
 pub use publish::{PublishOnce, PublishOutcome};
 pub use retry::{Backoff, retry_transient};
 pub use tokio_util::sync::CancellationToken;
-pub use topology::{ConsumerCounts, ConsumerSpec, StartFrom, Topology};
+pub use topology::{ConsumerCounts, ConsumerSpec, StartFrom, StreamLimit, StreamLimits, Topology};
 pub use trace::{current_trace_context, extract_context};

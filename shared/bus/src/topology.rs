@@ -138,11 +138,64 @@ impl ConsumerSpec {
     }
 }
 
+/// Size limits of one stream. When a limit is reached the stream refuses new messages
+/// (`DiscardPolicy::New`): the publisher gets an error and retries, nothing stored is dropped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StreamLimit {
+    pub max_messages: i64,
+    pub max_bytes: i64,
+}
+
+/// Limits of the three streams (`nats.streams.*` in the config).
+///
+/// All three discard **new** messages when full, never old ones:
+/// - `JR_ASSIGNMENTS`: an old assignment may still wait for a slot; dropping it would lose a
+///   job the forge considers taken. Refusing the publish is backpressure instead: a fetcher does
+///   not fetch again until its assignment has a PubAck, so jobs wait at the forge.
+/// - `JR_EVENTS`: `claimed` and `terminal` are once-only because the server checks that their
+///   subject is empty; dropping them would let a second claim or result through, and the
+///   projection might not have read them yet. Workers and the facade retry their publishes.
+/// - `JR_COMMANDS`: a dropped command may have had no effect yet; the reconciler reissues
+///   refused commands on its next plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StreamLimits {
+    pub assignments: StreamLimit,
+    pub events: StreamLimit,
+    pub commands: StreamLimit,
+}
+
+const GIB: i64 = 1 << 30;
+const MIB: i64 = 1 << 20;
+
+impl Default for StreamLimits {
+    fn default() -> Self {
+        Self {
+            assignments: StreamLimit {
+                max_messages: 1_000_000,
+                max_bytes: 2 * GIB,
+            },
+            events: StreamLimit {
+                max_messages: 10_000_000,
+                max_bytes: 4 * GIB,
+            },
+            commands: StreamLimit {
+                max_messages: 100_000,
+                max_bytes: 256 * MIB,
+            },
+        }
+    }
+}
+
 /// Everything one service declares: the three streams and its own consumers.
 #[derive(Clone, Debug)]
 pub struct Topology {
     pub replicas: usize,
     pub consumers: Vec<ConsumerSpec>,
+    /// Stream limits from the configuration. With `Some`, the streams are created or updated
+    /// to them. With `None` (a service that does not own stream settings), missing streams are
+    /// created with the default limits and existing ones are left as they are, so such a
+    /// service never resets limits an operator configured.
+    pub limits: Option<StreamLimits>,
 }
 
 impl Default for Topology {
@@ -150,6 +203,7 @@ impl Default for Topology {
         Self {
             replicas: 1,
             consumers: Vec::new(),
+            limits: None,
         }
     }
 }
@@ -170,9 +224,16 @@ impl Topology {
         self
     }
 
+    /// Create or update the streams with these limits (see [`Topology::limits`]).
+    pub fn stream_limits(mut self, limits: StreamLimits) -> Self {
+        self.limits = Some(limits);
+        self
+    }
+
     /// The stream configurations: assignments and events kept by age, commands as a work queue.
     pub fn streams(&self) -> Vec<stream::Config> {
-        let base = |name: &str, subjects: &str| stream::Config {
+        let limits = self.limits.unwrap_or_default();
+        let base = |name: &str, subjects: &str, limit: StreamLimit| stream::Config {
             name: name.to_owned(),
             subjects: vec![subjects.to_owned()],
             storage: stream::StorageType::File,
@@ -180,22 +241,29 @@ impl Topology {
             duplicate_window: DUPLICATE_WINDOW,
             // Leader-served last-by-subject reads stay available; direct gets are a bonus.
             allow_direct: true,
+            max_messages: limit.max_messages,
+            max_bytes: limit.max_bytes,
+            discard: stream::DiscardPolicy::New,
             ..Default::default()
         };
         vec![
             stream::Config {
                 retention: stream::RetentionPolicy::Limits,
                 max_age: 7 * DAY,
-                ..base(STREAM_ASSIGNMENTS, subject::ASSIGNMENTS_ALL)
+                ..base(
+                    STREAM_ASSIGNMENTS,
+                    subject::ASSIGNMENTS_ALL,
+                    limits.assignments,
+                )
             },
             stream::Config {
                 retention: stream::RetentionPolicy::Limits,
                 max_age: 30 * DAY,
-                ..base(STREAM_EVENTS, subject::EVENTS_ALL)
+                ..base(STREAM_EVENTS, subject::EVENTS_ALL, limits.events)
             },
             stream::Config {
                 retention: stream::RetentionPolicy::WorkQueue,
-                ..base(STREAM_COMMANDS, subject::COMMANDS_ALL)
+                ..base(STREAM_COMMANDS, subject::COMMANDS_ALL, limits.commands)
             },
         ]
     }
@@ -227,14 +295,16 @@ impl Bus {
     pub async fn ensure_topology(&self, topology: &Topology) -> Result<(), BusError> {
         for config in topology.streams() {
             let name = config.name.clone();
-            self.js
-                .create_or_update_stream(config)
-                .await
-                .map_err(|e| BusError::DeclareStream {
-                    stream: name.clone(),
-                    transient: stream_error_is_transient(&e.kind()),
-                    source: Box::new(e),
-                })?;
+            let declared = if topology.limits.is_some() {
+                self.js.create_or_update_stream(config).await.map(|_| ())
+            } else {
+                self.js.get_or_create_stream(config).await.map(|_| ())
+            };
+            declared.map_err(|e| BusError::DeclareStream {
+                stream: name.clone(),
+                transient: stream_error_is_transient(&e.kind()),
+                source: Box::new(e),
+            })?;
             tracing::debug!(stream = %name, "stream declared");
         }
         for spec in &topology.consumers {

@@ -152,3 +152,47 @@ where
         }
     }
 }
+
+/// The stream limits configured under `[nats.streams]`, for [`jr_bus::Topology::stream_limits`].
+pub fn stream_limits(nats: &jr_config::NatsConfig) -> jr_bus::StreamLimits {
+    let limit = |c: &jr_config::StreamLimitConfig| jr_bus::StreamLimit {
+        max_messages: i64::try_from(c.max_messages.get()).unwrap_or(i64::MAX),
+        max_bytes: i64::try_from(c.max_bytes.get()).unwrap_or(i64::MAX),
+    };
+    jr_bus::StreamLimits {
+        assignments: limit(&nats.streams.assignments),
+        events: limit(&nats.streams.events),
+        commands: limit(&nats.streams.commands),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The config's defaults are the bus's defaults (the bus's apply where no config is given),
+    /// and configured values reach the bus.
+    #[test]
+    fn stream_limits_come_from_the_config() {
+        let example = include_str!("../../../config/jetrunner.toml");
+        let config = jr_config::load_str(example, "config/jetrunner.toml", std::iter::empty())
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            super::stream_limits(&config.nats),
+            jr_bus::StreamLimits::default()
+        );
+        let env = [(
+            "JETRUNNER__NATS__STREAMS__EVENTS".to_owned(),
+            "{ max_messages = 5, max_bytes = 4096 }".to_owned(),
+        )];
+        let config = jr_config::load_str(example, "config/jetrunner.toml", env)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let limits = super::stream_limits(&config.nats);
+        assert_eq!(
+            (limits.events.max_messages, limits.events.max_bytes),
+            (5, 4096)
+        );
+        assert_eq!(
+            limits.assignments,
+            jr_bus::StreamLimits::default().assignments
+        );
+    }
+}
