@@ -4,6 +4,7 @@
 
 pub mod chaos;
 pub mod consistency;
+pub mod executor;
 pub mod measure;
 pub mod pg;
 pub mod process;

@@ -1,6 +1,8 @@
 //! The whole of jetrunner on one machine: real nats-server and PostgreSQL, the fake forge,
-//! Kubernetes API and OpenSandbox server in this process (their workloads "run" fake executors
-//! that talk to the real facade), and the four service binaries as child processes.
+//! Kubernetes API and OpenSandbox server in this process, and the four service binaries as child
+//! processes. Pods run the executor image's entrypoint script with the fake executor standing in
+//! for act_runner (see `executor`); sandboxes run the fake executor in this process. Both talk to
+//! the real facade.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -8,11 +10,12 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use jr_bus::testing::NatsServer;
-use jr_fake_executor::{ExecutorConfig, ExecutorReport, run_one_shot};
+use jr_fake_executor::{ExecutorConfig, run_one_shot};
 use jr_fake_forge::{FakeForge, JobSpec};
-use jr_fake_kube::{ExitStatus, FakeKube, FaultRule, PodRun, SimConfig};
+use jr_fake_kube::{FakeKube, FaultRule, SimConfig};
 use jr_fake_sandbox::{FakeConfig, FakeSandbox, SandboxRun};
 
+use crate::executor::{self, EntrypointLauncher};
 use crate::pg::PgCluster;
 use crate::process::{ServiceProcess, binary, free_port};
 
@@ -99,21 +102,6 @@ fn executor_config(env: &BTreeMap<String, String>) -> Option<ExecutorConfig> {
     Some(cfg)
 }
 
-/// A Pod's container: a fake act_runner in one-shot mode.
-fn pod_runner() -> jr_fake_kube::PodRunner {
-    Arc::new(|run: PodRun| {
-        Box::pin(async move {
-            let Some(cfg) = executor_config(&run.env) else {
-                return ExitStatus::failed(2);
-            };
-            match run_one_shot(cfg).await {
-                Ok(ExecutorReport::Finished(_)) => ExitStatus::success(),
-                Ok(_) | Err(_) => ExitStatus::failed(1),
-            }
-        })
-    })
-}
-
 /// A sandbox's pool task: the same fake executor (the sandbox stays Running afterwards).
 fn sandbox_runner() -> jr_fake_sandbox::Runner {
     Arc::new(|run: SandboxRun| {
@@ -140,10 +128,11 @@ impl System {
             ..Default::default()
         })
         .await?;
+        let launcher = Arc::new(EntrypointLauncher::prepare(dir.path())?);
         let kube = FakeKube::start(SimConfig {
             faults: spec.kube_faults.clone(),
             start_delay: spec.pod_start_delay,
-            ..SimConfig::simulated(pod_runner())
+            ..SimConfig::simulated(executor::pod_runner(launcher))
         })
         .await?;
         let sandbox = FakeSandbox::start(FakeConfig {
@@ -389,7 +378,16 @@ impl System {
                 std::fs::copy(p.log_path(), dest.join(format!("{}.log", p.name)))?;
             }
         }
+        let executors = self.dir.path().join("executors.log");
+        if executors.exists() {
+            std::fs::copy(&executors, dest.join("executors.log"))?;
+        }
         Ok(())
+    }
+
+    /// Everything the Pods' containers (entrypoint and runner stand-in) wrote.
+    pub fn executor_log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("executors.log")).unwrap_or_default()
     }
 
     /// Tail of every service's log, for failure messages.

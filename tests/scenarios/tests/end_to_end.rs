@@ -81,6 +81,22 @@ async fn mixed_pod_and_vm_jobs_all_finish_once_and_leave_nothing_behind() -> any
         with_outputs, 20,
         "outputs of every pod job reached the forge"
     );
+    // Every Pod ran the executor image's entrypoint, which exec'd the runner in one-shot mode.
+    let executor_log = system.executor_log();
+    let starts = executor_log
+        .lines()
+        .filter(|l| {
+            l.contains("jetrunner-executor: assignment") && l.contains("act_runner daemon --once")
+        })
+        .count();
+    assert_eq!(
+        starts, 20,
+        "one entrypoint start per pod job:\n{executor_log}"
+    );
+    assert!(
+        !executor_log.contains("jetrunner-executor: missing"),
+        "{executor_log}"
+    );
     let violations = system.violations();
     assert!(violations.is_empty(), "{violations:#?}\n{}", system.logs());
     Ok(())
