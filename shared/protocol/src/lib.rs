@@ -7,6 +7,7 @@ mod ids;
 mod message;
 pub mod subject;
 mod validate;
+mod worker_ids;
 
 pub use codec::{DecodeError, decode, encode, to_json};
 pub use ids::{AssignmentId, BackendName, InvalidName};
@@ -14,6 +15,7 @@ pub use message::*;
 pub use validate::{
     MAX_ATTEMPT, MAX_DURATION_SECS, MAX_LABELS, MAX_NAME_BYTES, MAX_TEXT_BYTES, MAX_TIME_MS,
 };
+pub use worker_ids::msg_id;
 
 /// The envelope version this build writes. Decoding accepts every version listed in
 /// [`SUPPORTED_SCHEMA_VERSIONS`].

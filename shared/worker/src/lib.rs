@@ -1,16 +1,22 @@
 //! Worker core shared by pod-worker and vm-worker. The backend-specific part is the [`Backend`]
-//! trait; everything else (slots, assignment handling, commands, observation publishing,
-//! start-up recovery) is the same for both.
+//! trait; the decisions live in the pure [`state::WorkerState`]; [`Worker`] is the thin driver
+//! that performs its effects against NATS and the backend.
 
 pub mod backend;
-mod core;
+mod driver;
+mod error;
+mod facts;
+mod gate;
+mod ledger;
 pub mod metrics;
-pub mod slots;
+mod run;
+mod service;
+pub mod state;
 pub mod token;
 
 pub use backend::{Backend, BackendError, ObservedWorkload, WorkloadSpec, workload_name};
-pub use core::{
-    Worker, WorkerError, WorkerSettings, projected_live, run_service, settings_from_config,
-};
+pub use driver::{Worker, WorkerSettings};
+pub use error::WorkerError;
 pub use metrics::WorkerMetrics;
+pub use service::{run_service, settings_from_config};
 pub use token::{TokenKey, token_hash};

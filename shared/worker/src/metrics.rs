@@ -17,6 +17,8 @@ pub struct ErrorLabels {
 pub struct WorkerMetrics {
     pub slots_used: Gauge,
     pub slots_total: Gauge,
+    /// Workloads held beyond capacity after adoption; no create happens until it is 0.
+    pub debt: Gauge,
     pub created: Counter,
     pub create_errors: Family<ErrorLabels, Counter>,
     pub full_pauses: Counter,
@@ -33,6 +35,7 @@ impl Default for WorkerMetrics {
         Self {
             slots_used: Gauge::default(),
             slots_total: Gauge::default(),
+            debt: Gauge::default(),
             created: Counter::default(),
             create_errors: Family::default(),
             full_pauses: Counter::default(),
@@ -59,6 +62,11 @@ impl WorkerMetrics {
             "slots_total",
             "Capacity of this worker's backend",
             self.slots_total.clone(),
+        );
+        r.register(
+            "slot_debt",
+            "Workloads held beyond capacity (adopted at start); pulling waits until it is 0",
+            self.debt.clone(),
         );
         r.register(
             "workloads_created",

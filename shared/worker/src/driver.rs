@@ -1,0 +1,471 @@
+//! The thin driver around [`WorkerState`]: it turns consumer deliveries, backend observations
+//! and timers into inputs, performs the effects the state returns (publishes, backend calls,
+//! settling messages, ledger writes) and feeds their outcomes back. It decides nothing itself.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use jr_bus::{Bus, ConsumerSpec, Disposition, Topology};
+use jr_protocol::{
+    Assignment, BackendName, Envelope, Kind, Message, Released, WorkloadCreated, WorkloadObserved,
+    WorkloadRequested, msg_id, now_ms, subject,
+};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::{Backend, BackendError, ObservedWorkload, WorkloadSpec, workload_name};
+use crate::error::WorkerError;
+use crate::gate::{Outstanding, ToDriver};
+use crate::ledger::Ledger;
+use crate::metrics::{ErrorLabels, WorkerMetrics};
+use crate::state::{
+    AttemptKey, CreateAnswer, DeleteAnswer, DeliveryId, Effect, Event, Input, StateConfig,
+    TicketId, WorkerState,
+};
+use crate::token::{TokenKey, token_hash};
+
+#[derive(Clone, Debug)]
+pub struct WorkerSettings {
+    pub backend: BackendName,
+    pub capacity: usize,
+    pub worker_id: String,
+    pub facade_url: String,
+    pub token_key: TokenKey,
+    /// How often the backend is listed to catch changes a watch or poll missed.
+    pub resync_interval: Duration,
+    /// How long a workload found without a create of ours exists before it is announced.
+    pub stray_grace: Duration,
+}
+
+impl WorkerSettings {
+    pub(crate) fn state_config(&self) -> StateConfig {
+        StateConfig {
+            resync_every: self.resync_interval,
+            stray_grace: self.stray_grace,
+            ..StateConfig::new(self.capacity)
+        }
+    }
+}
+
+/// How long the publish before an ack may take before the message is nak'd instead.
+const REPUBLISH_DELAY: Duration = Duration::from_secs(2);
+
+/// Everything an IO operation needs, cheap to clone into its task.
+pub(crate) struct Io<B> {
+    pub(crate) bus: Bus,
+    pub(crate) backend: Arc<B>,
+    pub(crate) settings: WorkerSettings,
+    pub(crate) metrics: Arc<WorkerMetrics>,
+    pub(crate) shutdown: CancellationToken,
+}
+
+impl<B> Clone for Io<B> {
+    fn clone(&self) -> Self {
+        Self {
+            bus: self.bus.clone(),
+            backend: self.backend.clone(),
+            settings: self.settings.clone(),
+            metrics: self.metrics.clone(),
+            shutdown: self.shutdown.clone(),
+        }
+    }
+}
+
+impl<B: Backend> Io<B> {
+    fn token_hash(&self, key: AttemptKey) -> String {
+        token_hash(&self.settings.token_key.token(key.assignment, key.attempt))
+    }
+
+    /// The subject and envelope of an event.
+    pub(crate) fn envelope(&self, event: &Event) -> (String, Envelope) {
+        let backend = self.settings.backend.clone();
+        let (key, kind, id, message) = match event {
+            Event::Created { key, workload } => (
+                *key,
+                Kind::WorkloadCreated,
+                msg_id::workload_created(key.assignment, key.attempt),
+                Message::WorkloadCreated(WorkloadCreated {
+                    backend,
+                    workload: workload.clone(),
+                    token_hash: self.token_hash(*key),
+                    worker_id: self.settings.worker_id.clone(),
+                }),
+            ),
+            Event::Observed {
+                key,
+                workload,
+                phase,
+                reason,
+            } => (
+                *key,
+                Kind::WorkloadObserved,
+                msg_id::workload_observed(
+                    key.assignment,
+                    key.attempt,
+                    workload,
+                    *phase,
+                    reason.as_deref(),
+                ),
+                Message::WorkloadObserved(WorkloadObserved {
+                    backend,
+                    workload: workload.clone(),
+                    phase: *phase,
+                    reason: reason.clone(),
+                }),
+            ),
+            Event::Released { key, workload } => (
+                *key,
+                Kind::Released,
+                msg_id::released(key.assignment, key.attempt, workload),
+                Message::Released(Released {
+                    backend,
+                    workload: workload.clone(),
+                }),
+            ),
+        };
+        let subject = subject::event(&self.settings.backend, key.assignment, kind);
+        let envelope = Envelope::new(id, now_ms(), key.assignment, key.attempt, message);
+        (subject, envelope)
+    }
+
+    async fn publish(&self, event: &Event) -> bool {
+        let (subject, envelope) = self.envelope(event);
+        match self
+            .bus
+            .publish_retrying(&subject, &envelope, &self.shutdown)
+            .await
+        {
+            Ok(_) => {
+                if matches!(event, Event::Released { .. }) {
+                    self.metrics.released.inc();
+                }
+                true
+            }
+            Err(error) => {
+                tracing::warn!(%subject, %error, "event not published");
+                false
+            }
+        }
+    }
+
+    fn spec(&self, a: &Assignment, key: AttemptKey) -> WorkloadSpec {
+        WorkloadSpec {
+            assignment_id: key.assignment,
+            attempt: key.attempt,
+            backend: self.settings.backend.clone(),
+            provider: a.provider.clone(),
+            labels: a.labels.clone(),
+            max_duration: Duration::from_secs(a.max_duration_secs.max(60)),
+            worker_id: self.settings.worker_id.clone(),
+            facade_url: self.settings.facade_url.clone(),
+            executor_token: self.settings.token_key.token(key.assignment, key.attempt),
+        }
+    }
+
+    /// `workload-requested` (the token hash is durable before anything can present the
+    /// token), then the create call.
+    async fn create(self, spec: WorkloadSpec) -> CreateAnswer {
+        let key = AttemptKey::new(spec.assignment_id, spec.attempt);
+        let requested = Envelope::new(
+            msg_id::workload_requested(key.assignment, key.attempt),
+            now_ms(),
+            key.assignment,
+            key.attempt,
+            Message::WorkloadRequested(WorkloadRequested {
+                backend: self.settings.backend.clone(),
+                workload: workload_name(key.assignment, key.attempt),
+                token_hash: self.token_hash(key),
+                worker_id: self.settings.worker_id.clone(),
+            }),
+        );
+        let subject = subject::event(
+            &self.settings.backend,
+            key.assignment,
+            Kind::WorkloadRequested,
+        );
+        if let Err(error) = self.bus.publish(&subject, &requested).await {
+            tracing::warn!(%key, %error, "cannot publish workload-requested");
+            return CreateAnswer::Transient {
+                retry_after: Some(REPUBLISH_DELAY),
+            };
+        }
+        match self.backend.create(&spec).await {
+            Ok(workload) => {
+                self.metrics.created.inc();
+                CreateAnswer::Created(workload)
+            }
+            Err(error) => {
+                self.metrics
+                    .create_errors
+                    .get_or_create(&ErrorLabels {
+                        kind: error.kind().to_owned(),
+                    })
+                    .inc();
+                tracing::info!(%key, %error, "create did not succeed");
+                match error {
+                    BackendError::Full { retry_after, .. } => {
+                        self.metrics.full_pauses.inc();
+                        CreateAnswer::Full { retry_after }
+                    }
+                    BackendError::Transient { retry_after, .. } => {
+                        CreateAnswer::Transient { retry_after }
+                    }
+                    BackendError::Permanent { message, .. } => CreateAnswer::Refused { message },
+                }
+            }
+        }
+    }
+
+    async fn delete(self, workload: String) -> DeleteAnswer {
+        match self.backend.delete(&workload).await {
+            Ok(()) => {
+                self.metrics.deleted.inc();
+                DeleteAnswer::Deleted
+            }
+            Err(BackendError::Permanent { message, .. }) => DeleteAnswer::Refused { message },
+            Err(BackendError::Transient { retry_after, .. }) => {
+                DeleteAnswer::Transient { retry_after }
+            }
+            Err(BackendError::Full { retry_after, .. }) => DeleteAnswer::Transient {
+                retry_after: Some(retry_after),
+            },
+        }
+    }
+}
+
+/// The state machine with the bookkeeping needed to perform its effects.
+pub(crate) struct Driver<B> {
+    pub(crate) io: Io<B>,
+    pub(crate) state: WorkerState,
+    pub(crate) ledger: Ledger,
+    pub(crate) outstanding: Outstanding,
+    waiters: VecDeque<oneshot::Sender<TicketId>>,
+    replies: HashMap<DeliveryId, oneshot::Sender<Disposition>>,
+    assignments: HashMap<DeliveryId, Assignment>,
+    ops: JoinSet<Input>,
+}
+
+impl<B: Backend> Driver<B> {
+    pub(crate) fn new(io: Io<B>, ledger: Ledger, outstanding: Outstanding) -> Self {
+        let state = WorkerState::new(io.settings.state_config());
+        Self {
+            io,
+            state,
+            ledger,
+            outstanding,
+            waiters: VecDeque::new(),
+            replies: HashMap::new(),
+            assignments: HashMap::new(),
+            ops: JoinSet::new(),
+        }
+    }
+
+    /// Runs until shutdown: every message, observation, operation outcome and tick becomes an
+    /// input of the state machine.
+    pub(crate) async fn run(
+        mut self,
+        mut rx: mpsc::UnboundedReceiver<ToDriver>,
+        mut observations: mpsc::Receiver<ObservedWorkload>,
+        report: impl Fn(bool),
+    ) {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let shutdown = self.io.shutdown.clone();
+        loop {
+            let input = tokio::select! {
+                () = shutdown.cancelled() => break,
+                Some(message) = rx.recv() => match message {
+                    ToDriver::PullWanted(waiter) => {
+                        self.waiters.push_back(waiter);
+                        Input::PullWanted
+                    }
+                    ToDriver::Input(input) => input,
+                    ToDriver::Assignment { input, assignment, reply } => {
+                        if let Input::Delivered { delivery, .. } = &input {
+                            self.replies.insert(*delivery, reply);
+                            self.assignments.insert(*delivery, *assignment);
+                        }
+                        input
+                    }
+                    ToDriver::Command { input, reply } => {
+                        if let Input::DeleteRequested { delivery, .. } = &input {
+                            self.replies.insert(*delivery, reply);
+                        }
+                        input
+                    }
+                },
+                Some(observed) = observations.recv() => Input::Observed(observed),
+                Some(done) = self.ops.join_next(), if !self.ops.is_empty() => match done {
+                    Ok(input) => input,
+                    Err(error) => {
+                        tracing::error!(%error, "a backend operation panicked");
+                        continue;
+                    }
+                },
+                _ = tick.tick() => Input::Tick,
+            };
+            self.feed(input).await;
+            self.io.metrics.slots_used.set(self.state.used() as i64);
+            self.io.metrics.debt.set(self.state.debt() as i64);
+            report(self.state.is_ready());
+        }
+        report(false);
+    }
+
+    /// Feeds one input and everything its effects produce.
+    pub(crate) async fn feed(&mut self, input: Input) {
+        let mut queue = VecDeque::from([input]);
+        while let Some(input) = queue.pop_front() {
+            let now = Instant::now();
+            for effect in self.state.on(input, now) {
+                self.perform(effect, &mut queue).await;
+            }
+        }
+    }
+
+    async fn perform(&mut self, effect: Effect, queue: &mut VecDeque<Input>) {
+        match effect {
+            Effect::GrantPull(ticket) => {
+                self.outstanding.insert(ticket);
+                loop {
+                    match self.waiters.pop_front() {
+                        Some(waiter) => {
+                            if waiter.send(ticket).is_ok() {
+                                break;
+                            }
+                        }
+                        None => {
+                            self.outstanding.remove(ticket);
+                            queue.push_back(Input::TicketDropped(ticket));
+                            break;
+                        }
+                    }
+                }
+            }
+            Effect::Create { delivery, key } => {
+                let Some(assignment) = self.assignments.get(&delivery) else {
+                    tracing::error!(%key, "create asked for a delivery the driver does not hold");
+                    return;
+                };
+                let io = self.io.clone();
+                let spec = io.spec(assignment, key);
+                self.ops.spawn(async move {
+                    let answer = io.create(spec).await;
+                    Input::CreateAnswered {
+                        delivery,
+                        key,
+                        answer,
+                    }
+                });
+            }
+            Effect::Delete {
+                delivery,
+                key,
+                workload,
+            } => {
+                let io = self.io.clone();
+                self.ops.spawn(async move {
+                    let answer = io.clone().delete(workload.clone()).await;
+                    Input::DeleteAnswered {
+                        delivery,
+                        key,
+                        workload,
+                        answer,
+                    }
+                });
+            }
+            Effect::List => {
+                let backend = self.io.backend.clone();
+                self.ops.spawn(async move {
+                    let started = Instant::now();
+                    match backend.list().await {
+                        Ok(listed) => Input::Listed { started, listed },
+                        Err(error) => {
+                            tracing::warn!(%error, "listing workloads failed");
+                            Input::ListFailed
+                        }
+                    }
+                });
+            }
+            Effect::Publish(event) => {
+                self.io.publish(&event).await;
+            }
+            Effect::Confirm { delivery, events } => {
+                let mut published = true;
+                for event in &events {
+                    if !self.io.publish(event).await {
+                        published = false;
+                        break;
+                    }
+                }
+                let disposition = if published {
+                    Disposition::Ack
+                } else {
+                    Disposition::Nak(Some(REPUBLISH_DELAY))
+                };
+                self.settle(delivery, disposition);
+            }
+            Effect::Settle {
+                delivery,
+                disposition,
+            } => self.settle(delivery, disposition),
+            Effect::Remember { key, workload } => self.ledger.remember(key, &workload).await,
+            Effect::Forget { key, workload } => self.ledger.forget(key, &workload).await,
+        }
+    }
+
+    fn settle(&mut self, delivery: DeliveryId, disposition: Disposition) {
+        self.assignments.remove(&delivery);
+        if let Some(reply) = self.replies.remove(&delivery) {
+            // The handler may have given up (shutdown); the message is then redelivered.
+            let _ = reply.send(disposition);
+        }
+    }
+}
+
+/// Delivery ids for handlers.
+#[derive(Clone, Default)]
+pub(crate) struct DeliveryIds(Arc<AtomicU64>);
+
+impl DeliveryIds {
+    pub(crate) fn next(&self) -> DeliveryId {
+        DeliveryId(self.0.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+/// A worker: the driver plus its consumers and observer.
+pub struct Worker<B: Backend> {
+    pub(crate) bus: Bus,
+    pub(crate) backend: Arc<B>,
+    pub(crate) settings: WorkerSettings,
+    pub metrics: Arc<WorkerMetrics>,
+}
+
+impl<B: Backend> Worker<B> {
+    pub fn new(bus: Bus, backend: B, settings: WorkerSettings) -> Self {
+        Self {
+            bus,
+            backend: Arc::new(backend),
+            settings,
+            metrics: Arc::new(WorkerMetrics::default()),
+        }
+    }
+
+    pub fn topology(backend: &BackendName) -> (ConsumerSpec, ConsumerSpec) {
+        (
+            ConsumerSpec::worker_assignments(backend),
+            ConsumerSpec::worker_commands(backend),
+        )
+    }
+
+    pub(crate) async fn ensure_topology(&self) -> Result<(), WorkerError> {
+        let (assignments, commands) = Self::topology(&self.settings.backend);
+        self.bus
+            .ensure_topology(&Topology::new().consumer(assignments).consumer(commands))
+            .await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,285 @@
+//! Wiring a [`Worker`]: start-up recovery, then the assignment and command consumers, the
+//! backend's observer and the driver, all tied to one shutdown.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use jr_bus::{ConsumerOptions, Delivery, Disposition};
+use jr_protocol::{Assignment, BackendName, DeleteWorkload, Envelope, Message};
+use jr_telemetry::{Shutdown, TaskSet};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::{Backend, ObservedWorkload};
+use crate::driver::{DeliveryIds, Driver, Io, Worker};
+use crate::error::WorkerError;
+use crate::facts::bus_facts;
+use crate::gate::{Outstanding, TicketGate, ToDriver};
+use crate::ledger::Ledger;
+use crate::state::{AttemptKey, Input};
+
+/// Checks that a message on the assignment consumer is an assignment for this backend.
+pub(crate) fn classify_assignment(
+    envelope: &Envelope,
+    backend: &BackendName,
+) -> Result<Assignment, String> {
+    match &envelope.message {
+        Message::Assignment(a) if a.backend == *backend => Ok(a.clone()),
+        Message::Assignment(a) => Err(format!(
+            "assignment for backend {} reached {backend}",
+            a.backend
+        )),
+        other => Err(format!("expected an assignment, got {}", other.kind())),
+    }
+}
+
+/// Checks that a command is a `delete-workload` for this backend; returns the workload.
+pub(crate) fn classify_command(
+    envelope: &Envelope,
+    backend: &BackendName,
+) -> Result<String, String> {
+    match &envelope.message {
+        Message::DeleteWorkload(DeleteWorkload {
+            backend: target,
+            workload,
+            ..
+        }) if target == backend => Ok(workload.clone()),
+        Message::DeleteWorkload(d) => Err(format!(
+            "delete for backend {} reached {backend}",
+            d.backend
+        )),
+        other => Err(format!("unexpected command {}", other.kind())),
+    }
+}
+
+/// Retries `op` with capped backoff until it succeeds or shutdown fires.
+async fn until_ok<T, E: std::fmt::Display, F: Future<Output = Result<T, E>>>(
+    what: &str,
+    shutdown: &CancellationToken,
+    mut op: impl FnMut() -> F,
+) -> Option<T> {
+    let mut delay = Duration::from_millis(200);
+    loop {
+        match op().await {
+            Ok(value) => return Some(value),
+            Err(error) => tracing::warn!(%error, "{what} failed at start; retrying"),
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return None,
+            () = tokio::time::sleep(delay) => {}
+        }
+        delay = (delay * 2).min(Duration::from_secs(10));
+    }
+}
+
+impl<B: Backend> Worker<B> {
+    /// Runs until `shutdown`: recovery from the bus and the backend, then assignments,
+    /// commands and observation. `report(ready)` is called after every input (readiness).
+    pub async fn run(
+        self,
+        report: impl Fn(bool) + Send + 'static,
+        shutdown: CancellationToken,
+    ) -> Result<(), WorkerError> {
+        self.metrics.slots_total.set(self.settings.capacity as i64);
+        self.ensure_topology().await?;
+        let backend_name = self.settings.backend.clone();
+        let Some(ledger) = until_ok("opening the ledger", &shutdown, || {
+            Ledger::open(&self.bus, &backend_name)
+        })
+        .await
+        else {
+            return Ok(());
+        };
+        let Some(listed) = until_ok("listing workloads", &shutdown, || self.backend.list()).await
+        else {
+            return Ok(());
+        };
+        let Some(remembered) = until_ok("reading the ledger", &shutdown, || ledger.all()).await
+        else {
+            return Ok(());
+        };
+        tracing::info!(
+            listed = listed.len(),
+            remembered = remembered.len(),
+            capacity = self.settings.capacity,
+            "recovering"
+        );
+        self.metrics.adopted.inc_by(listed.len() as u64);
+
+        let io = Io {
+            bus: self.bus.clone(),
+            backend: self.backend.clone(),
+            settings: self.settings.clone(),
+            metrics: self.metrics.clone(),
+            shutdown: shutdown.clone(),
+        };
+        let outstanding = Outstanding::default();
+        let mut driver = Driver::new(io, ledger, outstanding.clone());
+        driver.feed(Input::Recovered { listed, remembered }).await;
+
+        let (tx, rx) = mpsc::unbounded_channel::<ToDriver>();
+        let (obs_tx, obs_rx) = mpsc::channel::<ObservedWorkload>(1024);
+        let mut tasks = TaskSet::new(Shutdown::from(shutdown.clone()));
+        {
+            let (backend, stop) = (self.backend.clone(), shutdown.clone());
+            tasks.spawn("observer", async move {
+                backend
+                    .observe(obs_tx, async move { stop.cancelled().await })
+                    .await
+            });
+        }
+        let ids = DeliveryIds::default();
+        let (assignments, commands) = Self::topology(&self.settings.backend);
+        {
+            let (bus, stop, tx, ids) =
+                (self.bus.clone(), shutdown.clone(), tx.clone(), ids.clone());
+            let backend = self.settings.backend.clone();
+            let metrics = self.metrics.clone();
+            tasks.spawn("command consumer", async move {
+                let handler = move |delivery: Delivery| {
+                    let (tx, ids, backend, metrics) =
+                        (tx.clone(), ids.clone(), backend.clone(), metrics.clone());
+                    async move {
+                        let workload = match classify_command(&delivery.envelope, &backend) {
+                            Ok(workload) => workload,
+                            Err(reason) => {
+                                metrics.terminated_messages.inc();
+                                return Disposition::Term(reason);
+                            }
+                        };
+                        let key = AttemptKey::new(
+                            delivery.envelope.assignment_id,
+                            delivery.envelope.attempt,
+                        );
+                        let (reply, answer) = oneshot::channel();
+                        let input = Input::DeleteRequested {
+                            delivery: ids.next(),
+                            key,
+                            workload,
+                        };
+                        if tx.send(ToDriver::Command { input, reply }).is_err() {
+                            return Disposition::Nak(Some(Duration::from_secs(2)));
+                        }
+                        answer
+                            .await
+                            .unwrap_or(Disposition::Nak(Some(Duration::from_secs(2))))
+                    }
+                };
+                bus.run_consumer(
+                    &commands,
+                    handler,
+                    ConsumerOptions::default().concurrency(8),
+                    stop,
+                )
+                .await
+            });
+        }
+        {
+            let (bus, stop, tx, ids) =
+                (self.bus.clone(), shutdown.clone(), tx.clone(), ids.clone());
+            let backend = self.settings.backend.clone();
+            let metrics = self.metrics.clone();
+            let gate = Arc::new(TicketGate {
+                tx: tx.clone(),
+                outstanding: outstanding.clone(),
+            });
+            let capacity = self.settings.capacity;
+            tasks.spawn("assignment consumer", async move {
+                let handler_bus = bus.clone();
+                let handler = move |delivery: Delivery| {
+                    let (bus, tx, ids, backend, metrics, outstanding) = (
+                        handler_bus.clone(),
+                        tx.clone(),
+                        ids.clone(),
+                        backend.clone(),
+                        metrics.clone(),
+                        outstanding.clone(),
+                    );
+                    async move {
+                        handle_assignment(
+                            delivery,
+                            &bus,
+                            &tx,
+                            &ids,
+                            &backend,
+                            &metrics,
+                            &outstanding,
+                        )
+                        .await
+                    }
+                };
+                bus.run_consumer(
+                    &assignments,
+                    handler,
+                    ConsumerOptions::default().concurrency(capacity).gate(gate),
+                    stop,
+                )
+                .await
+            });
+        }
+        drop(tx);
+        let started = Instant::now();
+        tracing::debug!(?started, "worker running");
+        driver.run(rx, obs_rx, report).await;
+        shutdown.cancel();
+        let joined = tasks.join_all(Duration::from_secs(15)).await;
+        if !joined.is_clean() {
+            tracing::warn!(failed = ?joined.failed, unfinished = ?joined.unfinished, "worker tasks did not end cleanly");
+        }
+        Ok(())
+    }
+}
+
+async fn handle_assignment(
+    delivery: Delivery,
+    bus: &jr_bus::Bus,
+    tx: &mpsc::UnboundedSender<ToDriver>,
+    ids: &DeliveryIds,
+    backend: &BackendName,
+    metrics: &crate::metrics::WorkerMetrics,
+    outstanding: &Outstanding,
+) -> Disposition {
+    // The pull that brought this message used one ticket; take one now (tickets are counted,
+    // see `gate`), and give it back if the message cannot reach the state machine.
+    let ticket = outstanding.consume();
+    let give_back = || {
+        if let Some(ticket) = ticket {
+            let _ = tx.send(ToDriver::Input(Input::TicketDropped(ticket)));
+        }
+    };
+    let assignment = match classify_assignment(&delivery.envelope, backend) {
+        Ok(assignment) => assignment,
+        Err(reason) => {
+            give_back();
+            metrics.terminated_messages.inc();
+            return Disposition::Term(reason);
+        }
+    };
+    let key = AttemptKey::new(delivery.envelope.assignment_id, delivery.envelope.attempt);
+    let facts = match bus_facts(bus, backend, key.assignment).await {
+        Ok(facts) => facts,
+        Err(error) => {
+            give_back();
+            tracing::warn!(%key, %error, "cannot read what the bus knows about the assignment; will retry");
+            return Disposition::Nak(Some(Duration::from_secs(2)));
+        }
+    };
+    let (reply, answer) = oneshot::channel();
+    let input = Input::Delivered {
+        delivery: ids.next(),
+        key,
+        ticket,
+        facts,
+    };
+    let message = ToDriver::Assignment {
+        input,
+        assignment: Box::new(assignment),
+        reply,
+    };
+    if tx.send(message).is_err() {
+        return Disposition::Nak(Some(Duration::from_secs(2)));
+    }
+    answer
+        .await
+        .unwrap_or(Disposition::Nak(Some(Duration::from_secs(2))))
+}

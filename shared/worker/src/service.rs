@@ -1,0 +1,68 @@
+//! What both worker binaries share: settings from the config file and the service tail.
+
+use std::time::Duration;
+
+use jr_protocol::BackendName;
+
+use crate::backend::Backend;
+use crate::driver::{Worker, WorkerSettings};
+use crate::error::WorkerError;
+use crate::token::TokenKey;
+
+/// Settings of the worker serving `[backend.<name>]` with the `[pod_worker]`/`[vm_worker]`
+/// section `section`: which backend (default `default_backend`), its capacity, identity, the
+/// facade URL executors use and the token key.
+pub fn settings_from_config(
+    config: &jr_config::Config,
+    section: &jr_config::WorkerConfig,
+    section_name: &str,
+    default_backend: &str,
+) -> Result<(WorkerSettings, jr_config::BackendConfig), String> {
+    let name = section
+        .backend
+        .clone()
+        .unwrap_or_else(|| default_backend.to_owned());
+    let backend_cfg = config
+        .backend
+        .get(&name)
+        .cloned()
+        .ok_or_else(|| format!("{section_name}.backend: no [backend.{name}] in the config"))?;
+    let backend = BackendName::new(name.clone()).map_err(|e| format!("backend.{name}: {e}"))?;
+    let key_text = jr_config::read_secret(&format!("{section_name}.token_key"), &section.token_key, &section.token_key_file)
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("{section_name}.token_key (or token_key_file) is required: base64 of at least 32 random bytes"))?;
+    let token_key =
+        TokenKey::from_base64(&key_text).map_err(|e| format!("{section_name}.token_key: {e}"))?;
+    let settings = WorkerSettings {
+        // Stable across restarts by default: workloads are listed by it after a restart.
+        worker_id: section
+            .worker_id
+            .clone()
+            .unwrap_or_else(|| format!("{name}-worker")),
+        backend,
+        capacity: backend_cfg.capacity,
+        facade_url: config.facade.public_url.clone(),
+        token_key,
+        resync_interval: Duration::from_secs(15),
+        stray_grace: Duration::from_secs(60),
+    };
+    Ok((settings, backend_cfg))
+}
+
+/// The tail every worker binary shares: build the worker, register its metrics and run it
+/// with readiness reporting until shutdown. Recovery needs only NATS and the backend.
+pub async fn run_service<B: Backend>(
+    p: jr_service::Process,
+    backend: B,
+    settings: WorkerSettings,
+) -> Result<(), WorkerError> {
+    let worker = Worker::new(p.bus, backend, settings);
+    worker.metrics.register(&mut p.metrics.registry());
+    let readiness = p.readiness.clone();
+    worker
+        .run(
+            move |ready| readiness.set("worker", ready),
+            p.shutdown.token(),
+        )
+        .await
+}

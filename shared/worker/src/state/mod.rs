@@ -1,0 +1,210 @@
+//! The worker's decisions as a pure state machine: [`WorkerState::on`] takes one [`Input`] and
+//! the current time and returns the [`Effect`]s to perform. No IO, no locks, no clock of its
+//! own; the driver performs the effects and feeds their outcomes back as inputs.
+//!
+//! What it guarantees (property-tested in `tests/properties.rs`):
+//! - tracked workloads (being created, live, being deleted) plus reserved pulls never exceed
+//!   capacity, except for debt: workloads adopted beyond capacity at start or found later; no
+//!   create happens while any debt is left;
+//! - no create for an attempt that is superseded, whose task is terminal or claimed, or that
+//!   already had a workload; at most one create per attempt in flight;
+//! - every delete ends in exactly one `released` for its workload;
+//! - "full" (429, quota) only naks the message and pauses pulling: nothing is published that
+//!   the reconciler could read as a failure, and no attempt is spent.
+
+mod delete;
+mod deliver;
+mod track;
+mod types;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Instant;
+
+use jr_protocol::AssignmentId;
+
+pub use types::{
+    AttemptKey, BusFacts, CreateAnswer, DeleteAnswer, DeliveryId, Effect, Event, Input, Stage,
+    StateConfig, TicketId, Workload,
+};
+
+/// What the worker has learnt about one assignment.
+#[derive(Clone, Debug)]
+struct Knowledge {
+    /// Highest attempt seen (deliveries and the assignment subject).
+    current: u32,
+    terminal: bool,
+    claimed: bool,
+    /// Attempts that had a workload (created or adopted); never created again.
+    had_workload: BTreeSet<u32>,
+    touched: Instant,
+}
+
+/// A create call in flight; it holds a capacity slot.
+#[derive(Clone, Debug)]
+struct Creating {
+    delivery: DeliveryId,
+    /// Workloads of this attempt the backend showed while the call ran (not yet ours).
+    seen: BTreeMap<String, Workload>,
+}
+
+/// Everything the worker knows. See the module docs.
+#[derive(Clone, Debug)]
+pub struct WorkerState {
+    cfg: StateConfig,
+    recovered: bool,
+    creating: BTreeMap<AttemptKey, Creating>,
+    workloads: BTreeMap<String, Workload>,
+    tickets: BTreeSet<TicketId>,
+    next_ticket: u64,
+    pull_waiters: usize,
+    paused_until: Option<Instant>,
+    /// Workloads whose `released` was published, with their attempt, until forgotten.
+    released: BTreeMap<String, (AttemptKey, Instant)>,
+    assignments: BTreeMap<AssignmentId, Knowledge>,
+    listing: bool,
+    next_resync: Option<Instant>,
+}
+
+impl WorkerState {
+    pub fn new(cfg: StateConfig) -> Self {
+        Self {
+            cfg,
+            recovered: false,
+            creating: BTreeMap::new(),
+            workloads: BTreeMap::new(),
+            tickets: BTreeSet::new(),
+            next_ticket: 0,
+            pull_waiters: 0,
+            paused_until: None,
+            released: BTreeMap::new(),
+            assignments: BTreeMap::new(),
+            listing: false,
+            next_resync: None,
+        }
+    }
+
+    /// Handles one input at `now`; returns the effects to perform, in order.
+    pub fn on(&mut self, input: Input, now: Instant) -> Vec<Effect> {
+        let mut fx = Vec::new();
+        match input {
+            Input::Recovered { listed, remembered } => {
+                self.recovered(listed, remembered, now, &mut fx)
+            }
+            Input::PullWanted => self.pull_waiters += 1,
+            Input::TicketDropped(ticket) => {
+                self.tickets.remove(&ticket);
+            }
+            Input::Delivered {
+                delivery,
+                key,
+                ticket,
+                facts,
+            } => self.delivered(delivery, key, ticket, facts, now, &mut fx),
+            Input::CreateAnswered {
+                delivery,
+                key,
+                answer,
+            } => self.create_answered(delivery, key, answer, now, &mut fx),
+            Input::DeleteRequested {
+                delivery,
+                key,
+                workload,
+            } => self.delete_requested(delivery, key, workload, now, &mut fx),
+            Input::DeleteAnswered {
+                delivery,
+                key,
+                workload,
+                answer,
+            } => self.delete_answered(delivery, key, workload, answer, now, &mut fx),
+            Input::Observed(o) => {
+                if self.recovered {
+                    self.observe(o, now, now, &mut fx)
+                }
+            }
+            Input::Listed { started, listed } => self.listed(started, listed, now, &mut fx),
+            Input::ListFailed => {
+                self.listing = false;
+                self.next_resync = Some(now + self.cfg.resync_every);
+            }
+            Input::Tick => self.tick(now, &mut fx),
+        }
+        self.grant(now, &mut fx);
+        fx
+    }
+
+    /// Capacity slots held by workloads and create calls.
+    pub fn used(&self) -> usize {
+        self.creating.len() + self.workloads.len()
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.cfg.capacity
+    }
+
+    /// Workloads held beyond capacity (only ever from adoption); pulling waits until it is 0.
+    pub fn debt(&self) -> usize {
+        self.used().saturating_sub(self.cfg.capacity)
+    }
+
+    /// Pull tickets granted and not yet used or returned.
+    pub fn reserved(&self) -> usize {
+        self.tickets.len()
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.recovered
+    }
+
+    pub fn is_paused(&self, now: Instant) -> bool {
+        self.paused_until.is_some_and(|until| until > now)
+    }
+
+    /// Tracked workloads by backend reference.
+    pub fn workloads(&self) -> &BTreeMap<String, Workload> {
+        &self.workloads
+    }
+
+    /// Attempts with a create call in flight.
+    pub fn creating(&self) -> impl Iterator<Item = &AttemptKey> {
+        self.creating.keys()
+    }
+
+    fn know(&mut self, assignment: AssignmentId, now: Instant) -> &mut Knowledge {
+        let k = self
+            .assignments
+            .entry(assignment)
+            .or_insert_with(|| Knowledge {
+                current: 0,
+                terminal: false,
+                claimed: false,
+                had_workload: BTreeSet::new(),
+                touched: now,
+            });
+        k.touched = now;
+        k
+    }
+
+    fn had_workload(&mut self, key: AttemptKey, now: Instant) {
+        let k = self.know(key.assignment, now);
+        k.current = k.current.max(key.attempt);
+        k.had_workload.insert(key.attempt);
+    }
+
+    /// Hands out pull tickets while a slot is free, nothing is paused and no debt is left.
+    fn grant(&mut self, now: Instant, fx: &mut Vec<Effect>) {
+        while self.pull_waiters > 0
+            && self.recovered
+            && !self.is_paused(now)
+            && self.used() + self.tickets.len() < self.cfg.capacity
+        {
+            self.pull_waiters -= 1;
+            self.next_ticket += 1;
+            let ticket = TicketId(self.next_ticket);
+            self.tickets.insert(ticket);
+            fx.push(Effect::GrantPull(ticket));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
