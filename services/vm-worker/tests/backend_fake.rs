@@ -470,3 +470,78 @@ async fn list_pages_over_more_than_200_sandboxes() {
         "the second page was requested with the owner filter"
     );
 }
+
+#[tokio::test]
+async fn delete_refuses_a_sandbox_without_this_workers_labels() {
+    let fake = FakeSandbox::start(fake_config(3)).await.expect("fake");
+    let foreign = client(&fake, Duration::from_secs(10))
+        .create(&CreateSandbox {
+            pool: "ci-vm".into(),
+            timeout_secs: Some(600),
+            metadata: BTreeMap::from([("team".to_owned(), "someone-else".to_owned())]),
+            env: BTreeMap::new(),
+            entrypoint: None,
+        })
+        .await
+        .expect("foreign sandbox");
+    let refused = backend(&fake).delete(&foreign.id).await;
+    assert!(
+        matches!(refused, Err(BackendError::Permanent { .. })),
+        "{refused:?}"
+    );
+    let still = fake.sandbox(&foreign.id).expect("still there");
+    assert_ne!(
+        still.state,
+        SandboxState::Stopping,
+        "foreign sandbox was deleted"
+    );
+
+    // Another worker's sandbox of the same backend is not ours either.
+    let other = backend_with(&fake, Duration::from_secs(10), |c| {
+        c.worker_id = "vm-worker-2".into()
+    });
+    let theirs = other
+        .create(&spec())
+        .await
+        .expect("created by the other worker");
+    let refused = backend(&fake).delete(&theirs).await;
+    assert!(
+        matches!(refused, Err(BackendError::Permanent { .. })),
+        "{refused:?}"
+    );
+
+    // Our own sandbox is deleted.
+    let ours = backend(&fake).create(&spec()).await.expect("created");
+    backend(&fake).delete(&ours).await.expect("deleted");
+    assert!(
+        fake.sandbox(&ours)
+            .is_none_or(|s| s.state == SandboxState::Stopping),
+        "our sandbox still runs"
+    );
+}
+
+#[tokio::test]
+async fn sandbox_ids_with_path_characters_never_reach_other_api_paths() {
+    let fake = FakeSandbox::start(fake_config(1)).await.expect("fake");
+    let ours = backend(&fake).create(&spec()).await.expect("created");
+    // Would be `/v1/sandboxes/../sandboxes/<id>` = DELETE of our sandbox if not encoded.
+    let sneaky = format!("../sandboxes/{ours}");
+    let answer = backend(&fake).delete(&sneaky).await;
+    assert!(
+        answer.is_ok(),
+        "an unknown id is simply not found: {answer:?}"
+    );
+    let still = fake.sandbox(&ours).expect("still there");
+    assert_eq!(
+        still.state,
+        SandboxState::Running,
+        "the sandbox behind the path was touched"
+    );
+    for bad in ["..", "."] {
+        let refused = backend(&fake).delete(bad).await;
+        assert!(
+            matches!(refused, Err(BackendError::Permanent { .. })),
+            "{bad}: {refused:?}"
+        );
+    }
+}

@@ -33,6 +33,10 @@ pub const LABEL_DEADLINE: &str = "jetrunner.io/deadline";
 
 pub const DEFAULT_POOL: &str = "ci-vm";
 
+/// How long to wait before trying again after a ResourceQuota refused a sandbox (the server
+/// sends no Retry-After with it).
+const QUOTA_RETRY_AFTER: Duration = Duration::from_secs(30);
+
 /// How `observe` polls.
 #[derive(Clone, Debug)]
 pub struct PollConfig {
@@ -204,9 +208,10 @@ fn backend_error(op: &'static str, error: SandboxError) -> BackendError {
                 "OpenSandbox pool not found (check the Pool CR and extensions.poolRef): {message}"
             ),
         },
-        SandboxError::QuotaExceeded { message, .. } => BackendError::Permanent {
+        // A quota is capacity too: back-pressure, not a failure of the job.
+        SandboxError::QuotaExceeded { .. } => BackendError::Full {
             op,
-            message: format!("Kubernetes ResourceQuota refused the sandbox: {message}"),
+            retry_after: QUOTA_RETRY_AFTER,
         },
         e @ (SandboxError::Forbidden { .. }
         | SandboxError::Invalid { .. }
@@ -261,6 +266,14 @@ impl VmBackend {
 
     pub fn client(&self) -> &SandboxClient {
         &self.inner.client
+    }
+
+    /// Carries this worker's owner labels (what `list` selects by).
+    fn is_ours(&self, sandbox: &Sandbox) -> bool {
+        self.inner
+            .owner_filter
+            .iter()
+            .all(|(key, value)| sandbox.metadata.get(key) == Some(value))
     }
 
     /// Metadata filter selecting one attempt's sandboxes, whichever worker made them (a
@@ -398,10 +411,24 @@ impl Backend for VmBackend {
         }
     }
 
+    /// Deletes only a sandbox carrying this worker's owner labels (backend and worker id): a
+    /// `delete-workload` naming anything else is refused, whoever published it.
     async fn delete(&self, workload: &str) -> Result<(), BackendError> {
-        let deleted = self
-            .inner
-            .client
+        let client = &self.inner.client;
+        let sandbox = match client.get(workload).await {
+            Ok(sandbox) => sandbox,
+            Err(SandboxError::NotFound { .. }) => return Ok(()),
+            Err(e) => return Err(backend_error("delete", e)),
+        };
+        if !self.is_ours(&sandbox) {
+            return Err(BackendError::Permanent {
+                op: "delete",
+                message: format!(
+                    "sandbox {workload} does not carry this worker's labels; not deleting it"
+                ),
+            });
+        }
+        let deleted = client
             .delete(workload)
             .await
             .map_err(|e| backend_error("delete", e))?;
@@ -521,7 +548,10 @@ mod tests {
                 message: "q".into(),
             },
         );
-        assert_eq!(quota.kind(), "permanent");
+        assert!(
+            matches!(quota, BackendError::Full { retry_after, .. } if retry_after == QUOTA_RETRY_AFTER),
+            "a quota is back-pressure: {quota:?}"
+        );
         let ready = backend_error(
             "create",
             SandboxError::ReadyTimeout {

@@ -243,6 +243,29 @@ fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs.ceil()))
 }
 
+/// A sandbox id as one URL path segment: every byte outside `[A-Za-z0-9_~-]` is
+/// percent-encoded (`/` and `.` included), so an id such as `../pools/ci-vm` can never reach
+/// another API path with the API key. Empty, oversized and dot-only ids are refused.
+pub fn id_segment(op: &'static str, id: &str) -> Result<String, SandboxError> {
+    if id.is_empty() || id.len() > 256 || id.bytes().all(|b| b == b'.') {
+        return Err(SandboxError::Invalid {
+            op,
+            status: None,
+            code: None,
+            message: format!("{id:?} is not a sandbox id"),
+        });
+    }
+    let mut out = String::with_capacity(id.len());
+    for b in id.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    Ok(out)
+}
+
 /// A Lifecycle API client. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct SandboxClient {
@@ -277,6 +300,11 @@ impl SandboxClient {
 
     fn request(&self, method: Method, path: &str) -> RequestBuilder {
         self.http.request(method, format!("{}{path}", self.base))
+    }
+
+    /// `/sandboxes/<id><rest>` with the id as exactly one path segment.
+    fn sandbox_path(op: &'static str, id: &str, rest: &str) -> Result<String, SandboxError> {
+        Ok(format!("/sandboxes/{}{rest}", id_segment(op, id)?))
     }
 
     /// Sends and returns the successful response, or the error the status maps to.
@@ -354,12 +382,8 @@ impl SandboxClient {
 
     /// `GET /sandboxes/{id}`. A deleted sandbox is [`SandboxError::NotFound`].
     pub async fn get(&self, id: &str) -> Result<Sandbox, SandboxError> {
-        let response = self
-            .send(
-                "get",
-                self.request(Method::GET, &format!("/sandboxes/{id}")),
-            )
-            .await?;
+        let path = Self::sandbox_path("get", id, "")?;
+        let response = self.send("get", self.request(Method::GET, &path)).await?;
         Self::json("get", response).await
     }
 
@@ -408,11 +432,9 @@ impl SandboxClient {
 
     /// `DELETE /sandboxes/{id}`: `Ok(true)` when accepted (204), `Ok(false)` when already gone (404).
     pub async fn delete(&self, id: &str) -> Result<bool, SandboxError> {
+        let path = Self::sandbox_path("delete", id, "")?;
         match self
-            .send(
-                "delete",
-                self.request(Method::DELETE, &format!("/sandboxes/{id}")),
-            )
+            .send("delete", self.request(Method::DELETE, &path))
             .await
         {
             Ok(_) => Ok(true),
@@ -432,9 +454,8 @@ impl SandboxClient {
         let body = Expiration {
             expires_at: expires_at.replace_nanosecond(0).unwrap_or(expires_at),
         };
-        let builder = self
-            .request(Method::POST, &format!("/sandboxes/{id}/renew-expiration"))
-            .json(&body);
+        let path = Self::sandbox_path(OP, id, "/renew-expiration")?;
+        let builder = self.request(Method::POST, &path).json(&body);
         let response = self.send(OP, builder).await?;
         Ok(Self::json::<Expiration>(OP, response).await?.expires_at)
     }
@@ -533,6 +554,27 @@ mod tests {
         assert_eq!(
             error(401, &[], r#"{"code":"INVALID_API_KEY","message":"no"}"#).kind(),
             "unauthorized"
+        );
+    }
+
+    #[test]
+    fn sandbox_ids_stay_one_path_segment() {
+        let path = SandboxClient::sandbox_path("delete", "../pools/ci-vm", "").expect("encodes");
+        assert_eq!(path, "/sandboxes/%2E%2E%2Fpools%2Fci-vm");
+        let url = reqwest::Url::parse(&format!("http://h/v1{path}")).expect("url");
+        assert_eq!(url.path(), "/v1/sandboxes/%2E%2E%2Fpools%2Fci-vm");
+        assert_eq!(url.path_segments().map(|s| s.count()), Some(3));
+        let id = "0f6c3b2e-5c1a-4a55-9a8e-3f1f9d7c2b10";
+        assert_eq!(
+            SandboxClient::sandbox_path("get", id, "/renew-expiration").expect("plain"),
+            format!("/sandboxes/{id}/renew-expiration")
+        );
+        for bad in ["", ".", "..", "..."] {
+            assert!(id_segment("get", bad).is_err(), "{bad:?} accepted");
+        }
+        assert_eq!(
+            id_segment("get", "a?b#c d").expect("encodes"),
+            "a%3Fb%23c%20d"
         );
     }
 
