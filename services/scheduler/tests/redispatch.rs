@@ -1,0 +1,184 @@
+//! The `redispatch` command against a real nats-server: the scheduler republishes its own
+//! assignment as the next attempt (once, however often it is asked), and never republishes an
+//! assignment whose sealed task it did not seal.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use jr_bus::{ConsumerOptions, ConsumerSpec};
+use jr_forge::proto::runner::v1::Task;
+use jr_protocol::{
+    Assignment, AssignmentId, BackendName, Envelope, Kind, Message, Redispatch, STREAM_COMMANDS,
+    STREAM_EVENTS, subject,
+};
+use jr_scheduler::seal::Sealer;
+use prost::Message as _;
+use support::{World, eventually};
+use tokio_util::sync::CancellationToken;
+
+fn pod() -> BackendName {
+    BackendName::new("pod").expect("name")
+}
+
+fn assignment(id: AssignmentId, task_id: i64, sealer: &Sealer) -> Envelope {
+    let task = Task {
+        id: task_id,
+        ..Task::default()
+    };
+    Envelope::new(
+        format!("assignment:{id}:1:test"),
+        1_000,
+        id,
+        1,
+        Message::Assignment(Assignment {
+            forge_instance: "https://forge.test".into(),
+            forge_task_id: task_id,
+            backend: pod(),
+            provider: None,
+            labels: vec!["pod".into()],
+            repository: "org/repo".into(),
+            job_name: format!("job-{task_id}"),
+            max_duration_secs: 3600,
+            fetched_at: 1_000,
+            sealed_task: sealer.seal(id, &task.encode_to_vec()).expect("seal"),
+        }),
+    )
+}
+
+fn command(id: AssignmentId, nonce: &str) -> Envelope {
+    Envelope::new(
+        format!("redispatch:{id}:2@{nonce}"),
+        2_000,
+        id,
+        1,
+        Message::Redispatch(Redispatch {
+            backend: pod(),
+            next_attempt: 2,
+            reason: "workload-failed".into(),
+        }),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_schedulers_own_assignments_are_redispatched_and_only_once() {
+    let world = World::start().await;
+    let sealer = jr_scheduler::service::sealer_from_config(&world.config).expect("seal key");
+    let stranger = Sealer::new(
+        "k1",
+        &BTreeMap::from([("k1".to_owned(), Sealer::generate_key())]),
+    )
+    .expect("stranger key");
+
+    let genuine = AssignmentId::for_task("https://forge.test", 7);
+    let forged = AssignmentId::for_task("https://forge.test", 8);
+    let overwritten = AssignmentId::for_task("https://forge.test", 9);
+    let publish = |id: AssignmentId, envelope: Envelope| {
+        let bus = world.bus.clone();
+        async move {
+            bus.publish(&subject::assignment(&pod(), id), &envelope)
+                .await
+                .expect("publish assignment");
+        }
+    };
+    publish(genuine, assignment(genuine, 7, &sealer)).await;
+    publish(forged, assignment(forged, 8, &stranger)).await;
+    publish(overwritten, assignment(overwritten, 9, &sealer)).await;
+    // A forged message planted after the genuine one: the last message is not the scheduler's.
+    let mut planted = assignment(overwritten, 9, &stranger);
+    planted.id = format!("assignment:{overwritten}:1:planted");
+    publish(overwritten, planted).await;
+
+    let command_subject = subject::command(subject::SCHEDULER_TARGET, Kind::Redispatch);
+    for envelope in [
+        command(genuine, "1"),
+        command(genuine, "2"), // asked again in a later period
+        command(forged, "1"),
+        command(overwritten, "1"),
+    ] {
+        world
+            .bus
+            .publish(&command_subject, &envelope)
+            .await
+            .expect("publish command");
+    }
+
+    let stop = CancellationToken::new();
+    let consumer = {
+        let (bus, stop) = (world.bus.clone(), stop.clone());
+        let sealer = std::sync::Arc::new(sealer);
+        tokio::spawn(async move {
+            let handler_bus = bus.clone();
+            bus.run_consumer(
+                &ConsumerSpec::scheduler_commands(),
+                move |d| {
+                    let (bus, sealer) = (handler_bus.clone(), sealer.clone());
+                    async move { jr_scheduler::redispatch::handle(&bus, &sealer, d).await }
+                },
+                ConsumerOptions::default(),
+                stop,
+            )
+            .await
+        })
+    };
+    eventually("every command handled", Duration::from_secs(20), || async {
+        world
+            .bus
+            .consumer_info(STREAM_COMMANDS, "scheduler")
+            .await
+            .is_ok_and(|c| c.num_pending == 0 && c.num_ack_pending == 0)
+    })
+    .await;
+    stop.cancel();
+    let _ = consumer.await;
+
+    let stored = world.read_assignments().await;
+    let attempts = |id: AssignmentId| -> Vec<(u32, String)> {
+        stored
+            .iter()
+            .filter(|s| s.envelope.assignment_id == id)
+            .map(|s| (s.envelope.attempt, s.msg_id.clone().unwrap_or_default()))
+            .collect()
+    };
+    assert_eq!(
+        attempts(genuine),
+        [
+            (1, format!("assignment:{genuine}:1:test")),
+            (2, format!("assignment:{genuine}:2")),
+        ],
+        "attempt 2 published exactly once"
+    );
+    let republished = stored
+        .iter()
+        .find(|s| s.envelope.assignment_id == genuine && s.envelope.attempt == 2)
+        .expect("attempt 2");
+    assert_eq!(
+        republished.assignment, stored[0].assignment,
+        "the sealed assignment is republished unchanged"
+    );
+    assert!(
+        attempts(forged).iter().all(|(a, _)| *a == 1),
+        "forged assignment republished"
+    );
+    assert!(
+        attempts(overwritten).iter().all(|(a, _)| *a == 1),
+        "an assignment whose last message is forged was republished"
+    );
+
+    let world = &world;
+    let event = |id| async move {
+        world
+            .bus
+            .last_on_subject(
+                STREAM_EVENTS,
+                &subject::event(&pod(), id, Kind::Redispatched),
+            )
+            .await
+            .expect("read events")
+    };
+    let (_, announced) = event(genuine).await.expect("redispatched published");
+    assert_eq!(announced.id, format!("redispatch:{genuine}:2"));
+    assert!(event(forged).await.is_none());
+    assert!(event(overwritten).await.is_none());
+}
