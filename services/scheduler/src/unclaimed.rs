@@ -160,15 +160,18 @@ async fn replay(
     since: time::OffsetDateTime,
 ) -> anyhow::Result<Vec<(String, Envelope)>> {
     let handle = bus.jetstream().get_stream(stream).await?;
-    let consumer = handle
+    let mut consumer = handle
         .create_consumer(OrderedConfig {
             filter_subjects: filters,
             deliver_policy: DeliverPolicy::ByStartTime { start_time: since },
             ..Default::default()
         })
         .await?;
-    let mut messages = consumer.messages().await?;
     let mut out = Vec::new();
+    if consumer.info().await?.num_pending == 0 {
+        return Ok(out);
+    }
+    let mut messages = consumer.messages().await?;
     loop {
         let next = tokio::time::timeout(Duration::from_secs(2), messages.next()).await;
         let Ok(Some(message)) = next else {

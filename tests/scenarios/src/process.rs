@@ -71,6 +71,11 @@ impl ServiceProcess {
         self
     }
 
+    /// Drops `key` from the environment of the next spawn.
+    pub fn remove_env(&mut self, key: &str) {
+        self.env.retain(|(k, _)| k != key);
+    }
+
     pub fn spawn(&mut self) -> anyhow::Result<()> {
         let log = std::fs::OpenOptions::new()
             .create(true)

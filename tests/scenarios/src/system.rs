@@ -37,7 +37,18 @@ pub struct SystemSpec {
     pub lost_timeout: Duration,
     pub max_attempts: u32,
     pub forge_poll: Duration,
-    pub fetchers: usize,
+    /// The fake forge's behaviour (zombie timeout, Gitea's racing picks, Forgejo mode). Its
+    /// reapers run every second, as the real forge's crons do.
+    pub forge_behaviour: jr_fake_forge::Behaviour,
+    /// `forge.flavor` (`gitea` or `forgejo`) and `forge.task_capacity`.
+    pub forge_flavor: &'static str,
+    pub task_capacity: usize,
+    /// `forge.keepalive_interval`.
+    pub keepalive: Duration,
+    /// `backend.<name>.lookahead` of both backends.
+    pub lookahead: usize,
+    /// Extra environment of the scheduler process (fault hooks).
+    pub scheduler_env: Vec<(String, String)>,
     pub log_filter: String,
     /// `backend.vm.opensandbox.create_timeout` (client-side limit of one create call); `None`
     /// leaves the service default (120 s).
@@ -57,7 +68,12 @@ impl Default for SystemSpec {
             lost_timeout: Duration::from_secs(10),
             max_attempts: 3,
             forge_poll: Duration::from_millis(200),
-            fetchers: 4,
+            forge_behaviour: jr_fake_forge::Behaviour::default(),
+            forge_flavor: "gitea",
+            task_capacity: 1,
+            keepalive: Duration::from_secs(180),
+            lookahead: 2,
+            scheduler_env: Vec::new(),
             log_filter: "info".into(),
             vm_create_timeout: None,
         }
@@ -125,6 +141,8 @@ impl System {
         let database_url = pg.url("jetrunner");
         let forge = FakeForge::start(jr_fake_forge::Config {
             registration_token: Some("scenario-registration-token".into()),
+            behaviour: spec.forge_behaviour.clone(),
+            reap_interval: Some(Duration::from_secs(1)),
             ..Default::default()
         })
         .await?;
@@ -170,8 +188,14 @@ impl System {
                     .env("RUST_LOG", &spec.log_filter),
             )
         };
+        let scheduler = spec
+            .scheduler_env
+            .iter()
+            .try_fold(svc("scheduler", ports.scheduler_ops)?, |p, (k, v)| {
+                anyhow::Ok(p.env(k, v))
+            })?;
         let mut system = System {
-            scheduler: svc("scheduler", ports.scheduler_ops)?,
+            scheduler,
             pod_worker: svc("pod-worker", ports.pod_ops)?,
             vm_worker: svc("vm-worker", ports.vm_ops)?,
             reconciler: svc("reconciler", ports.reconciler_ops)?,
@@ -428,7 +452,9 @@ registration_token = "scenario-registration-token"
 credentials_file = "{credentials}"
 poll_interval = "{poll}"
 max_backoff = "2s"
-fetchers = {fetchers}
+flavor = "{flavor}"
+task_capacity = {task_capacity}
+keepalive_interval = "{keepalive}"
 
 [facade]
 listen = "127.0.0.1:{facade}"
@@ -446,6 +472,7 @@ backend = "pod"
 [backend.pod]
 kind = "pod"
 capacity = {pod_capacity}
+lookahead = {lookahead}
 labels = ["pod"]
 kubernetes = {{ namespace = "{JOBS_NAMESPACE}", api_url = "{kube}" }}
 
@@ -455,6 +482,7 @@ image = "jetrunner/executor:scenario"
 [backend.vm]
 kind = "vm"
 capacity = {vm_capacity}
+lookahead = {lookahead}
 labels = ["vm"]
 opensandbox = {{ url = "{sandbox}", api_key = "{API_KEY}", pool = "{POOL}", poll_interval = "200ms"{create_timeout} }}
 
@@ -484,7 +512,10 @@ plan_interval = "500ms"
 log_format = "json"
 "#,
         poll = secs(spec.forge_poll),
-        fetchers = spec.fetchers,
+        flavor = spec.forge_flavor,
+        task_capacity = spec.task_capacity,
+        keepalive = secs(spec.keepalive),
+        lookahead = spec.lookahead,
         facade = ports.facade,
         pod_capacity = spec.pod_capacity,
         vm_capacity = spec.vm_capacity,

@@ -80,7 +80,6 @@ fn log_count(system: &mut System, service: &str, needle: &str) -> usize {
 async fn pod_capacity(jobs: u32, capacity: usize, timeout: Duration) -> anyhow::Result<()> {
     let spec = SystemSpec {
         pod_capacity: capacity,
-        fetchers: capacity,
         ..Default::default()
     };
     let mut system = System::start(spec).await?;
@@ -151,7 +150,6 @@ async fn pod_worker_kill(jobs: u32, capacity: usize, timeout: Duration) -> anyho
     let mut rng = rng("pod kill -9");
     let mut system = System::start(SystemSpec {
         pod_capacity: capacity,
-        fetchers: capacity,
         ..Default::default()
     })
     .await?;
@@ -189,7 +187,6 @@ async fn vm_worker_kill(jobs: u32, pool: usize, timeout: Duration) -> anyhow::Re
     let mut rng = rng("vm kill -9");
     let spec = SystemSpec {
         vm_capacity: pool,
-        fetchers: pool,
         vm_create_timeout: Some(Duration::from_secs(1)),
         ..Default::default()
     };
@@ -238,7 +235,6 @@ async fn vm_capacity_with_create_timeouts(
 ) -> anyhow::Result<()> {
     let spec = SystemSpec {
         vm_capacity: pool,
-        fetchers: pool,
         vm_create_timeout: Some(Duration::from_secs(1)),
         ..Default::default()
     };
@@ -324,7 +320,6 @@ async fn a_stalled_backend_does_not_hold_up_the_other() -> anyhow::Result<()> {
     let spec = SystemSpec {
         pod_capacity: 4,
         vm_capacity: 4,
-        fetchers: 4,
         ..Default::default()
     };
     let mut system = System::start(spec).await?;

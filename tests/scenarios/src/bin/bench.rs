@@ -182,7 +182,6 @@ async fn main() -> anyhow::Result<()> {
     let mut system = System::start(SystemSpec {
         pod_capacity: args.pod_capacity,
         vm_capacity: args.vm_capacity,
-        fetchers: args.pod_capacity + args.vm_capacity,
         pod_start_delay: Duration::from_millis(args.pod_start_ms),
         ..Default::default()
     })
