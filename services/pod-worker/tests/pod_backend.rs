@@ -481,7 +481,7 @@ async fn api_outage_is_a_transient_error() {
         Err(BackendError::Transient { .. })
     ));
     assert!(matches!(
-        backend.delete("jr-x-1").await,
+        backend.delete(&spec.name()).await,
         Err(BackendError::Transient { .. })
     ));
     kube.set_unavailable(false);
@@ -565,4 +565,61 @@ async fn a_foreign_pod_with_the_same_name_is_a_permanent_error() {
         .expect("squatter");
     let err = backend(&kube).create(&spec).await.expect_err("not ours");
     assert!(matches!(err, BackendError::Permanent { .. }), "{err:?}");
+}
+
+#[tokio::test]
+async fn delete_refuses_pods_and_secrets_that_are_not_this_backends() {
+    let kube = FakeKube::start(SimConfig::passive())
+        .await
+        .expect("fake kube");
+    // Someone else's Pod and Secret, even with a jetrunner-shaped name.
+    let squatter = spec(7, "t7").name();
+    kube.create_pod(NS, json!({"metadata": {"name": squatter}, "spec": {"containers": [{"name": "c", "image": "x"}]}}))
+        .expect("foreign pod");
+    kube.create_secret(NS, json!({"metadata": {"name": "db-password"}, "data": {}}))
+        .expect("foreign secret");
+    let err = backend(&kube)
+        .delete(&squatter)
+        .await
+        .expect_err("not ours");
+    assert!(matches!(err, BackendError::Permanent { .. }), "{err:?}");
+    assert!(kube.pod(NS, &squatter).is_some(), "foreign pod deleted");
+    let err = backend(&kube)
+        .delete("db-password")
+        .await
+        .expect_err("not a workload name");
+    assert!(matches!(err, BackendError::Permanent { .. }), "{err:?}");
+    assert!(
+        kube.secret(NS, "db-password").is_some(),
+        "foreign secret deleted"
+    );
+
+    // A Pod of another jetrunner backend in the same namespace is not ours either.
+    let other = spec(8, "t8");
+    backend_named(&kube, "gpu")
+        .create(&WorkloadSpec {
+            backend: BackendName::new("gpu").expect("name"),
+            ..other.clone()
+        })
+        .await
+        .expect("created by the other backend");
+    let err = backend(&kube)
+        .delete(&other.name())
+        .await
+        .expect_err("other backend's");
+    assert!(matches!(err, BackendError::Permanent { .. }), "{err:?}");
+    assert!(
+        kube.pod(NS, &other.name()).is_some(),
+        "other backend's pod deleted"
+    );
+
+    // Our own Pod and Secret go.
+    let ours = spec(9, "t9");
+    backend(&kube).create(&ours).await.expect("created");
+    backend(&kube).delete(&ours.name()).await.expect("deleted");
+    eventually("our pod and secret gone", || {
+        (kube.pod(NS, &ours.name()).is_none() && kube.secret(NS, &ours.name()).is_none())
+            .then_some(())
+    })
+    .await;
 }

@@ -17,8 +17,8 @@ use serde_json::json;
 use tokio::sync::mpsc;
 
 use crate::template::{
-    ExecutorObjects, LABEL_ASSIGNMENT, LABEL_ATTEMPT, PodTemplate, build_objects, owner_reference,
-    selector,
+    ExecutorObjects, LABEL_ASSIGNMENT, LABEL_ATTEMPT, LABEL_BACKEND, LABEL_MANAGED_BY, MANAGED_BY,
+    PodTemplate, build_objects, owner_reference, selector,
 };
 
 pub use status::{
@@ -26,6 +26,22 @@ pub use status::{
     REASON_OOM_KILLED, REASON_START_FAILED, REASON_UNSCHEDULABLE, Tracker, observe_pod, pod_phase,
     pod_reason,
 };
+
+/// How long to wait before trying again after a ResourceQuota refused a Pod.
+const QUOTA_RETRY_AFTER: Duration = Duration::from_secs(30);
+
+/// Whether `name` is a workload name this backend makes: `jr-<assignment uuid>-<attempt>`.
+pub fn is_workload_name(name: &str) -> bool {
+    let parsed = name
+        .strip_prefix("jr-")
+        .and_then(|rest| rest.rsplit_once('-'))
+        .and_then(|(uuid, attempt)| {
+            let id = uuid.parse::<jr_protocol::AssignmentId>().ok()?;
+            Some((id, attempt.parse::<u32>().ok()?))
+        });
+    // Only the canonical spelling (what `workload_name` writes) is accepted.
+    parsed.is_some_and(|(id, attempt)| jr_worker::workload_name(id, attempt) == name)
+}
 
 /// Runs executor Pods (and their token Secrets) in one namespace.
 #[derive(Clone)]
@@ -74,6 +90,14 @@ impl PodBackend {
 
     pub fn namespace(&self) -> &str {
         &self.namespace
+    }
+
+    /// Carries the labels this backend lists by (managed by jetrunner, this backend).
+    fn is_ours(&self, labels: Option<&std::collections::BTreeMap<String, String>>) -> bool {
+        labels.is_some_and(|l| {
+            l.get(LABEL_MANAGED_BY).map(String::as_str) == Some(MANAGED_BY)
+                && l.get(LABEL_BACKEND).map(String::as_str) == Some(self.backend.as_str())
+        })
     }
 
     /// The Pod and Secret `create` would submit (for inspection and dry runs).
@@ -207,6 +231,11 @@ pub fn kube_error(op: &'static str, namespace: &str, err: kube::Error) -> Backen
                 .filter(|s| *s > 0)
                 .map(|s| Duration::from_secs(u64::from(s)));
             match status.code {
+                // A ResourceQuota refusal is capacity, not a broken request: back-pressure.
+                403 if status.message.contains("exceeded quota") => BackendError::Full {
+                    op,
+                    retry_after: retry_after.unwrap_or(QUOTA_RETRY_AFTER),
+                },
                 403 => BackendError::Permanent {
                     op,
                     message: format!(
@@ -294,18 +323,55 @@ impl Backend for PodBackend {
         Ok(name)
     }
 
+    /// Deletes a Pod and its Secret only when the name is one this backend makes and the objects
+    /// carry this backend's jetrunner labels: a `delete-workload` naming anything else in the
+    /// namespace is refused, whoever published it.
     async fn delete(&self, workload: &str) -> Result<(), BackendError> {
-        match self
+        if !is_workload_name(workload) {
+            return Err(BackendError::Permanent {
+                op: "delete pod",
+                message: format!("{workload:?} is not a jetrunner workload name"),
+            });
+        }
+        let not_ours = |kind: &str| BackendError::Permanent {
+            op: "delete pod",
+            message: format!(
+                "{kind} {workload} in namespace {} does not carry this backend's jetrunner labels; not deleting it",
+                self.namespace
+            ),
+        };
+        let pod = self
             .pods
-            .delete(workload, &DeleteParams::background())
+            .get_opt(workload)
             .await
-        {
-            Ok(_) => {}
-            Err(e) if is_code(&e, 404) => {}
-            Err(e) => return Err(self.error("delete pod", e)),
+            .map_err(|e| self.error("get pod", e))?;
+        if let Some(pod) = pod {
+            if !self.is_ours(pod.metadata.labels.as_ref()) {
+                return Err(not_ours("Pod"));
+            }
+            match self
+                .pods
+                .delete(workload, &DeleteParams::background())
+                .await
+            {
+                Ok(_) => {}
+                Err(e) if is_code(&e, 404) => {}
+                Err(e) => return Err(self.error("delete pod", e)),
+            }
         }
         // Normally garbage-collected with the Pod; deleting it here also covers a Secret whose
         // Pod was never created or never adopted it.
+        let secret = self
+            .secrets
+            .get_opt(workload)
+            .await
+            .map_err(|e| self.error("get secret", e))?;
+        let Some(secret) = secret else {
+            return Ok(());
+        };
+        if !self.is_ours(secret.metadata.labels.as_ref()) {
+            return Err(not_ours("Secret"));
+        }
         match self
             .secrets
             .delete(workload, &DeleteParams::background())
@@ -418,6 +484,45 @@ mod tests {
         };
         assert!(message.contains("namespace ci"), "{message}");
         assert!(message.contains("Role"), "{message}");
+    }
+
+    #[test]
+    fn a_quota_refusal_is_back_pressure() {
+        let err = kube_error(
+            "create pod",
+            "ci",
+            kube::Error::Api(
+                kube::core::Status::failure(
+                    "pods \"jr-x-1\" is forbidden: exceeded quota: ci-quota, requested: pods=1",
+                    "Forbidden",
+                )
+                .with_code(403)
+                .boxed(),
+            ),
+        );
+        assert!(
+            matches!(err, BackendError::Full { retry_after, .. } if retry_after == QUOTA_RETRY_AFTER),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn only_canonical_workload_names_are_accepted() {
+        let id = jr_protocol::AssignmentId::for_task("https://f", 1);
+        assert!(is_workload_name(&jr_worker::workload_name(id, 3)));
+        for bad in [
+            String::new(),
+            "jr-".into(),
+            "coredns-5d78c9869d-abcde".into(),
+            format!("jr-{id}"),
+            format!("jr-{id}-"),
+            format!("jr-{id}-01"),
+            format!("jr-{id}-+1"),
+            format!("jr-{}-1", id.to_string().to_uppercase()),
+            format!("jr-{id}-1/../x"),
+        ] {
+            assert!(!is_workload_name(&bad), "{bad:?} accepted");
+        }
     }
 
     #[test]
