@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
 
 use crate::facade::{Facade, Ledger};
 use crate::fetcher::Dispatcher;
@@ -67,6 +68,23 @@ impl<L: Ledger> Collector for SchedulerCollector<L> {
             "FetchTask calls that failed",
             d.fetch_errors.load(Ordering::Relaxed),
         )?;
+        counter(
+            e,
+            "scheduler_fetch_paused",
+            "Fetch decisions skipped because no backend of the registration had room",
+            d.paused.load(Ordering::Relaxed),
+        )?;
+        {
+            let unclaimed = i64::try_from(self.dispatcher.unclaimed.len()).unwrap_or(i64::MAX);
+            let g = ConstGauge::new(unclaimed);
+            let metric = e.encode_descriptor(
+                "scheduler_unclaimed_tasks",
+                "Tasks fetched from the forge that no executor has claimed yet (kept alive)",
+                None,
+                g.metric_type(),
+            )?;
+            g.encode(metric)?;
+        }
         let f = self.facade.stats();
         {
             let c = ConstCounter::new(0u64);
