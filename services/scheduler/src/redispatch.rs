@@ -1,8 +1,10 @@
 //! The `redispatch` command: the reconciler decided that an assignment's workload failed before
 //! any executor claimed the task, and asks for attempt n+1. The scheduler is the only writer of
-//! `jr.assignment.>`, so it publishes the new attempt itself, re-using its own last published
-//! assignment message: the sealed task must open with the scheduler's key and name the same
-//! forge task, so a forged assignment planted on the subject is never republished.
+//! `jr.assignment.>`, so it publishes the new attempt itself, re-using its own latest assignment
+//! message on the subject: one whose sealed task opens with the scheduler's key and names the
+//! same forge task. A forged assignment planted on the subject is never republished, and
+//! garbage or a forgery published after the genuine messages does not block the redispatch
+//! (the subject's history is read and the latest genuine message used).
 //!
 //! Order: the new attempt first, then the `redispatched` event. A crash in between leaves the
 //! event missing; the reconciler then asks again (same ids), and the attempt is found already
@@ -47,13 +49,14 @@ pub fn event_message_id(id: AssignmentId, next_attempt: u32) -> String {
     format!("redispatch:{id}:{next_attempt}")
 }
 
-/// Decides what to publish for `command` about `id`, given the last message on the
-/// assignment's subject (`last`) and `genuine`, which tells whether that message's sealed task
-/// is the scheduler's own (opens with its key and names the message's forge task).
+/// Decides what to publish for `command` about `id`, given the decodable messages on the
+/// assignment's subject in stream order (`history`) and `genuine`, which tells whether a
+/// message's sealed task is the scheduler's own (opens with its key and names the message's
+/// forge task). Only the latest genuine assignment of this id and backend counts.
 pub fn decide(
     id: AssignmentId,
     command: &Redispatch,
-    last: Option<&Envelope>,
+    history: &[Envelope],
     genuine: impl Fn(&Envelope) -> Result<(), String>,
     now: u64,
 ) -> Plan {
@@ -61,29 +64,32 @@ pub fn decide(
     if next < 2 {
         return Plan::Refuse(format!("redispatch to attempt {next}: attempts start at 1"));
     }
+    let mut refused = Vec::new();
+    let last = history.iter().rev().find(|e| {
+        let ours = match &e.message {
+            Message::Assignment(a) if e.assignment_id == id && a.backend == command.backend => {
+                genuine(e)
+            }
+            Message::Assignment(a) => Err(format!(
+                "names assignment {} on backend {}",
+                e.assignment_id, a.backend
+            )),
+            other => Err(format!("is a {}", other.kind())),
+        };
+        ours.map_err(|reason| refused.push(format!("{}: {reason}", e.id)))
+            .is_ok()
+    });
     let Some(last) = last else {
         return Plan::Refuse(format!(
-            "no assignment {id} on {}",
-            subject::assignment(&command.backend, id)
+            "no assignment {id} published by this scheduler on {} (refused: {})",
+            subject::assignment(&command.backend, id),
+            if refused.is_empty() {
+                "none".to_owned()
+            } else {
+                refused.join("; ")
+            }
         ));
     };
-    let Message::Assignment(assignment) = &last.message else {
-        return Plan::Refuse(format!(
-            "the last message of assignment {id} is a {}, not an assignment",
-            last.kind()
-        ));
-    };
-    if last.assignment_id != id || assignment.backend != command.backend {
-        return Plan::Refuse(format!(
-            "the last message on the subject of assignment {id} names assignment {} on backend {}",
-            last.assignment_id, assignment.backend
-        ));
-    }
-    if let Err(reason) = genuine(last) {
-        return Plan::Refuse(format!(
-            "assignment {id} was not published by this scheduler: {reason}"
-        ));
-    }
     let event = Envelope::new(
         event_message_id(id, next),
         now,
@@ -129,6 +135,54 @@ pub fn sealed_by(sealer: &Sealer, envelope: &Envelope) -> Result<(), String> {
 }
 
 const RETRY: Duration = Duration::from_secs(2);
+/// Most messages read from one assignment subject (one per attempt, plus anything planted).
+const MAX_HISTORY: usize = 1000;
+
+/// The decodable messages on `subject` of JR_ASSIGNMENTS in stream order (undecodable ones are
+/// skipped), at most [`MAX_HISTORY`] of the latest.
+async fn history(bus: &Bus, subject: &str) -> anyhow::Result<Vec<Envelope>> {
+    use futures::StreamExt as _;
+    use jr_bus::async_nats::jetstream::consumer::{DeliverPolicy, pull::OrderedConfig};
+    use jr_bus::async_nats::jetstream::stream::LastRawMessageErrorKind;
+
+    let stream = bus
+        .jetstream()
+        .get_stream_no_info(STREAM_ASSIGNMENTS)
+        .await?;
+    let last = match stream.get_last_raw_message_by_subject(subject).await {
+        Ok(message) => message.sequence,
+        Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => return Ok(Vec::new()),
+        Err(e) => return Err(e.into()),
+    };
+    let consumer = stream
+        .create_consumer(OrderedConfig {
+            filter_subject: subject.to_owned(),
+            deliver_policy: DeliverPolicy::All,
+            ..Default::default()
+        })
+        .await?;
+    let mut messages = consumer.messages().await?;
+    let mut out = std::collections::VecDeque::new();
+    loop {
+        let message = tokio::time::timeout(Duration::from_secs(5), messages.next())
+            .await
+            .map_err(|_| anyhow::anyhow!("{subject}: history not delivered within 5 s"))?
+            .ok_or_else(|| anyhow::anyhow!("ordered consumer ended"))??;
+        let seq = message
+            .info()
+            .map_err(|e| anyhow::anyhow!("message info: {e}"))?
+            .stream_sequence;
+        if let Ok(envelope) = jr_protocol::decode(&message.payload) {
+            out.push_back(envelope);
+            if out.len() > MAX_HISTORY {
+                out.pop_front();
+            }
+        }
+        if seq >= last {
+            return Ok(out.into());
+        }
+    }
+}
 
 pub async fn handle(bus: &Bus, sealer: &Sealer, delivery: Delivery) -> Disposition {
     let envelope = delivery.envelope;
@@ -137,28 +191,35 @@ pub async fn handle(bus: &Bus, sealer: &Sealer, delivery: Delivery) -> Dispositi
         return Disposition::Term(format!("{} is not a redispatch command", envelope.kind()));
     };
     let assignment_subject = subject::assignment(&command.backend, id);
-    let last = match bus
+    let genuine = |e: &Envelope| sealed_by(sealer, e);
+    // Usually the last message is the scheduler's own; only otherwise is the history read.
+    let plan = match bus
         .last_on_subject(STREAM_ASSIGNMENTS, &assignment_subject)
         .await
     {
-        Ok(last) => last.map(|(_, e)| e),
+        Ok(None) => decide(id, command, &[], genuine, now_ms()),
         Err(e) if e.is_transient() => {
             tracing::warn!(assignment = %id, error = %e, "cannot read the assignment; retrying");
             return Disposition::Nak(Some(RETRY));
         }
-        Err(e) => {
-            return Disposition::Term(format!(
-                "cannot read the last message of {assignment_subject}: {e}"
-            ));
+        last => {
+            let plan = match last {
+                Ok(Some((_, last))) => decide(id, command, &[last], genuine, now_ms()),
+                _ => Plan::Refuse(String::new()),
+            };
+            if let Plan::Refuse(_) = plan {
+                match history(bus, &assignment_subject).await {
+                    Ok(history) => decide(id, command, &history, genuine, now_ms()),
+                    Err(e) => {
+                        tracing::warn!(assignment = %id, error = %e, "cannot read the assignment's history; retrying");
+                        return Disposition::Nak(Some(RETRY));
+                    }
+                }
+            } else {
+                plan
+            }
         }
     };
-    let plan = decide(
-        id,
-        command,
-        last.as_ref(),
-        |e| sealed_by(sealer, e),
-        now_ms(),
-    );
     let event = match plan {
         Plan::Refuse(reason) => {
             tracing::warn!(assignment = %id, %reason, "redispatch refused");
@@ -242,7 +303,8 @@ mod tests {
     #[test]
     fn publishes_the_next_attempt_of_the_same_assignment_then_the_event() {
         let last = assignment(1);
-        let Plan::Publish { assignment, event } = decide(id(), &command(2), Some(&last), ok, 5_000)
+        let Plan::Publish { assignment, event } =
+            decide(id(), &command(2), std::slice::from_ref(&last), ok, 5_000)
         else {
             panic!("expected a publish");
         };
@@ -266,9 +328,9 @@ mod tests {
 
     #[test]
     fn an_attempt_already_published_is_not_published_again() {
-        let plan = decide(id(), &command(2), Some(&assignment(2)), ok, 5_000);
+        let plan = decide(id(), &command(2), &[assignment(2)], ok, 5_000);
         assert!(matches!(plan, Plan::EventOnly { .. }), "{plan:?}");
-        let plan = decide(id(), &command(2), Some(&assignment(3)), ok, 5_000);
+        let plan = decide(id(), &command(2), &[assignment(3)], ok, 5_000);
         assert!(matches!(plan, Plan::EventOnly { .. }), "{plan:?}");
     }
 
@@ -276,38 +338,71 @@ mod tests {
     fn forged_or_foreign_assignments_are_never_republished() {
         let forged = |_: &Envelope| Err("does not open".to_owned());
         assert!(matches!(
-            decide(id(), &command(2), Some(&assignment(1)), forged, 1),
+            decide(id(), &command(2), &[assignment(1)], forged, 1),
             Plan::Refuse(_)
         ));
         // Another assignment's message on this subject.
         let mut other = assignment(1);
         other.assignment_id = AssignmentId::for_task("https://forge.test", 8);
         assert!(matches!(
-            decide(id(), &command(2), Some(&other), ok, 1),
+            decide(id(), &command(2), std::slice::from_ref(&other), ok, 1),
             Plan::Refuse(_)
         ));
         // Another backend named in the command.
         let mut on_vm = command(2);
         on_vm.backend = backend("vm");
         assert!(matches!(
-            decide(id(), &on_vm, Some(&assignment(1)), ok, 1),
+            decide(id(), &on_vm, &[assignment(1)], ok, 1),
             Plan::Refuse(_)
         ));
         // Not an assignment at all, nothing there, or a nonsensical attempt.
         let mut event = assignment(1);
         event.message = Message::Redispatch(command(2));
         assert!(matches!(
-            decide(id(), &command(2), Some(&event), ok, 1),
+            decide(id(), &command(2), std::slice::from_ref(&event), ok, 1),
             Plan::Refuse(_)
         ));
         assert!(matches!(
-            decide(id(), &command(2), None, ok, 1),
+            decide(id(), &command(2), &[], ok, 1),
             Plan::Refuse(_)
         ));
         assert!(matches!(
-            decide(id(), &command(1), Some(&assignment(1)), ok, 1),
+            decide(id(), &command(1), &[assignment(1)], ok, 1),
             Plan::Refuse(_)
         ));
+    }
+
+    #[test]
+    fn the_latest_genuine_assignment_counts_whatever_was_published_after_it() {
+        let mut planted = assignment(1);
+        planted.id = "planted".into();
+        if let Message::Assignment(a) = &mut planted.message {
+            a.sealed_task.key_id = "forged".into();
+        }
+        let mut other_kind = assignment(1);
+        other_kind.message = Message::Redispatch(command(9));
+        let genuine = |e: &Envelope| match &e.message {
+            Message::Assignment(a) if a.sealed_task.key_id == "k1" => Ok(()),
+            _ => Err("not sealed by us".to_owned()),
+        };
+        let history = [assignment(1), assignment(2), planted.clone(), other_kind];
+        let Plan::Publish {
+            assignment: next, ..
+        } = decide(id(), &command(3), &history, genuine, 7)
+        else {
+            panic!("expected a publish");
+        };
+        assert_eq!(next.attempt, 3);
+        assert_eq!(
+            next.message,
+            assignment(2).message,
+            "built from the genuine attempt 2"
+        );
+        // Only forgeries: refused, naming them.
+        let Plan::Refuse(reason) = decide(id(), &command(2), &[planted], genuine, 7) else {
+            panic!("a forgery was accepted");
+        };
+        assert!(reason.contains("planted"), "{reason}");
     }
 
     #[test]
@@ -316,6 +411,7 @@ mod tests {
         let sealer = Sealer::new("k1", &keys).unwrap_or_else(|e| panic!("{e}"));
         let other_keys = [("k1".to_owned(), Sealer::generate_key())].into();
         let stranger = Sealer::new("k1", &other_keys).unwrap_or_else(|e| panic!("{e}"));
+        let pod = backend("pod");
         let task = |task_id: i64| {
             Task {
                 id: task_id,
@@ -332,25 +428,32 @@ mod tests {
         };
         let genuine = with_seal(
             sealer
-                .seal(id(), &task(7))
+                .seal(crate::seal::SealScope::new(id(), &pod, 7), &task(7))
                 .unwrap_or_else(|e| panic!("{e}")),
         );
         assert_eq!(sealed_by(&sealer, &genuine), Ok(()));
         let forged = with_seal(
             stranger
-                .seal(id(), &task(7))
+                .seal(crate::seal::SealScope::new(id(), &pod, 7), &task(7))
                 .unwrap_or_else(|e| panic!("{e}")),
         );
         assert!(sealed_by(&sealer, &forged).is_err());
         let other_task = with_seal(
             sealer
-                .seal(id(), &task(8))
+                .seal(crate::seal::SealScope::new(id(), &pod, 7), &task(8))
                 .unwrap_or_else(|e| panic!("{e}")),
         );
         assert!(sealed_by(&sealer, &other_task).is_err());
         let other_assignment = with_seal(
             sealer
-                .seal(AssignmentId::for_task("https://forge.test", 9), &task(7))
+                .seal(
+                    crate::seal::SealScope::new(
+                        AssignmentId::for_task("https://forge.test", 9),
+                        &pod,
+                        7,
+                    ),
+                    &task(7),
+                )
                 .unwrap_or_else(|e| panic!("{e}")),
         );
         assert!(sealed_by(&sealer, &other_assignment).is_err());

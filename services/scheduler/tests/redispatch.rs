@@ -1,6 +1,7 @@
 //! The `redispatch` command against a real nats-server: the scheduler republishes its own
-//! assignment as the next attempt (once, however often it is asked), and never republishes an
-//! assignment whose sealed task it did not seal.
+//! assignment as the next attempt (once, however often it is asked), never republishes an
+//! assignment whose sealed task it did not seal, and is not stopped by a forgery or garbage
+//! published after its own assignment.
 
 mod support;
 
@@ -74,6 +75,7 @@ async fn only_the_schedulers_own_assignments_are_redispatched_and_only_once() {
     let genuine = AssignmentId::for_task("https://forge.test", 7);
     let forged = AssignmentId::for_task("https://forge.test", 8);
     let overwritten = AssignmentId::for_task("https://forge.test", 9);
+    let garbled = AssignmentId::for_task("https://forge.test", 10);
     let publish = |id: AssignmentId, envelope: Envelope| {
         let bus = world.bus.clone();
         async move {
@@ -89,6 +91,16 @@ async fn only_the_schedulers_own_assignments_are_redispatched_and_only_once() {
     let mut planted = assignment(overwritten, 9, &stranger);
     planted.id = format!("assignment:{overwritten}:1:planted");
     publish(overwritten, planted).await;
+    // Garbage after the genuine one.
+    publish(garbled, assignment(garbled, 10, &sealer)).await;
+    world
+        .bus
+        .jetstream()
+        .publish(subject::assignment(&pod(), garbled), "not cbor".into())
+        .await
+        .expect("publish garbage")
+        .await
+        .expect("garbage stored");
 
     let command_subject = subject::command(subject::SCHEDULER_TARGET, Kind::Redispatch);
     for envelope in [
@@ -96,6 +108,7 @@ async fn only_the_schedulers_own_assignments_are_redispatched_and_only_once() {
         command(genuine, "2"), // asked again in a later period
         command(forged, "1"),
         command(overwritten, "1"),
+        command(garbled, "1"),
     ] {
         world
             .bus
@@ -133,7 +146,7 @@ async fn only_the_schedulers_own_assignments_are_redispatched_and_only_once() {
     stop.cancel();
     let _ = consumer.await;
 
-    let stored = world.read_assignments().await;
+    let stored = read_assignments(&world).await;
     let attempts = |id: AssignmentId| -> Vec<(u32, String)> {
         stored
             .iter()
@@ -161,10 +174,29 @@ async fn only_the_schedulers_own_assignments_are_redispatched_and_only_once() {
         attempts(forged).iter().all(|(a, _)| *a == 1),
         "forged assignment republished"
     );
-    assert!(
-        attempts(overwritten).iter().all(|(a, _)| *a == 1),
-        "an assignment whose last message is forged was republished"
-    );
+    for id in [overwritten, garbled] {
+        let attempts = attempts(id);
+        assert_eq!(
+            attempts.last(),
+            Some(&(2, format!("assignment:{id}:2"))),
+            "a forgery or garbage after the genuine assignment blocked the redispatch"
+        );
+        let republished = stored
+            .iter()
+            .find(|s| s.envelope.assignment_id == id && s.envelope.attempt == 2)
+            .expect("attempt 2");
+        let original = stored
+            .iter()
+            .find(|s| {
+                s.envelope.assignment_id == id
+                    && s.msg_id.as_deref().is_some_and(|m| m.ends_with(":1:test"))
+            })
+            .expect("attempt 1");
+        assert_eq!(
+            republished.assignment, original.assignment,
+            "built from the genuine one"
+        );
+    }
 
     let world = &world;
     let event = |id| async move {
@@ -180,5 +212,60 @@ async fn only_the_schedulers_own_assignments_are_redispatched_and_only_once() {
     let (_, announced) = event(genuine).await.expect("redispatched published");
     assert_eq!(announced.id, format!("redispatch:{genuine}:2"));
     assert!(event(forged).await.is_none());
-    assert!(event(overwritten).await.is_none());
+    assert!(event(overwritten).await.is_some());
+    assert!(event(garbled).await.is_some());
+}
+
+/// Every decodable message of JR_ASSIGNMENTS (the garbage is skipped).
+async fn read_assignments(world: &World) -> Vec<Stored> {
+    use futures::StreamExt as _;
+    use jr_bus::async_nats::jetstream::consumer::{DeliverPolicy, pull::OrderedConfig};
+    let stream = world
+        .bus
+        .jetstream()
+        .get_stream(jr_protocol::STREAM_ASSIGNMENTS)
+        .await
+        .expect("stream");
+    let total = stream.cached_info().state.messages;
+    let mut messages = stream
+        .create_consumer(OrderedConfig {
+            deliver_policy: DeliverPolicy::All,
+            ..Default::default()
+        })
+        .await
+        .expect("reader")
+        .messages()
+        .await
+        .expect("messages");
+    let mut out = Vec::new();
+    for _ in 0..total {
+        let message = tokio::time::timeout(Duration::from_secs(10), messages.next())
+            .await
+            .expect("every stored message")
+            .expect("open")
+            .expect("message");
+        let Ok(envelope) = jr_protocol::decode(&message.payload) else {
+            continue;
+        };
+        let Message::Assignment(assignment) = envelope.message.clone() else {
+            panic!("{} in JR_ASSIGNMENTS", envelope.kind());
+        };
+        let msg_id = message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get("Nats-Msg-Id"))
+            .map(|v| v.as_str().to_owned());
+        out.push(Stored {
+            envelope,
+            assignment,
+            msg_id,
+        });
+    }
+    out
+}
+
+struct Stored {
+    envelope: Envelope,
+    assignment: Assignment,
+    msg_id: Option<String>,
 }
