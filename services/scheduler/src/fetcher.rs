@@ -26,7 +26,7 @@ use crate::forges::{Forges, Registration};
 use crate::pacing::{BackendRoom, TasksVersion, room};
 use crate::request_key::RequestKeys;
 use crate::routing::{Router, job_facts};
-use crate::seal::Sealer;
+use crate::seal::{SealScope, Sealer};
 use crate::unclaimed::Unclaimed;
 
 /// How often a registration with no room looks again.
@@ -95,7 +95,9 @@ impl Dispatcher {
     ) -> Result<Envelope, crate::seal::SealError> {
         let id = AssignmentId::for_task(&self.forge_instance, task.id);
         let plaintext = task.encode_to_vec();
-        let sealed_task = self.sealer.seal(id, &plaintext)?;
+        let sealed_task = self
+            .sealer
+            .seal(SealScope::new(id, backend, task.id), &plaintext)?;
         // Publishing the same fetched task again is deduplicated; the same task handed out
         // again by the forge (Forgejo's request-key replay, with a new task token) is a new
         // message that replaces the earlier copy.

@@ -1,14 +1,15 @@
 //! Sealing of forge tasks: only the scheduler holds the keys, so NATS operators and workers see
 //! routing fields but never the workflow, context or secrets. XChaCha20-Poly1305 with a random
-//! 192-bit nonce; the assignment id is the associated data, so a sealed task cannot be replayed
-//! under another assignment.
+//! 192-bit nonce; the associated data binds the assignment id, the backend and the forge task id,
+//! so a sealed task cannot be replayed under another assignment, and clear routing fields naming
+//! another forge task or backend make it fail to open.
 
 use std::collections::BTreeMap;
 
 use base64::Engine;
 use chacha20poly1305::aead::{Aead, KeyInit, Payload};
 use chacha20poly1305::{XChaCha20Poly1305, XNonce};
-use jr_protocol::{AssignmentId, SealedTask};
+use jr_protocol::{Assignment, AssignmentId, BackendName, SealedTask};
 use rand::RngCore;
 
 #[derive(Debug, thiserror::Error)]
@@ -23,6 +24,38 @@ pub enum SealError {
     Open(String),
     #[error("no seal keys configured")]
     NoKeys,
+}
+
+/// What a sealed task is bound to: its associated data.
+#[derive(Clone, Copy, Debug)]
+pub struct SealScope<'a> {
+    pub assignment: AssignmentId,
+    pub backend: &'a BackendName,
+    pub forge_task_id: i64,
+}
+
+impl<'a> SealScope<'a> {
+    pub fn new(assignment: AssignmentId, backend: &'a BackendName, forge_task_id: i64) -> Self {
+        Self {
+            assignment,
+            backend,
+            forge_task_id,
+        }
+    }
+
+    /// The scope an assignment's clear fields claim for its sealed task.
+    pub fn of(assignment_id: AssignmentId, assignment: &'a Assignment) -> Self {
+        Self::new(assignment_id, &assignment.backend, assignment.forge_task_id)
+    }
+
+    fn aad(&self) -> Vec<u8> {
+        let mut aad = b"jr-seal-v2\0".to_vec();
+        aad.extend_from_slice(self.assignment.0.as_bytes());
+        aad.extend_from_slice(self.backend.as_str().as_bytes());
+        aad.push(0);
+        aad.extend_from_slice(&self.forge_task_id.to_be_bytes());
+        aad
+    }
 }
 
 /// The scheduler's keyring: one current key for sealing, any listed key for opening.
@@ -74,24 +107,20 @@ impl Sealer {
         base64::engine::general_purpose::STANDARD.encode(key)
     }
 
-    pub fn seal(
-        &self,
-        assignment: AssignmentId,
-        plaintext: &[u8],
-    ) -> Result<SealedTask, SealError> {
+    pub fn seal(&self, scope: SealScope<'_>, plaintext: &[u8]) -> Result<SealedTask, SealError> {
         let cipher = self
             .keys
             .get(&self.current)
             .ok_or_else(|| SealError::UnknownKey(self.current.clone()))?;
         let mut nonce = [0u8; 24];
         rand::rng().fill_bytes(&mut nonce);
-        let aad = assignment.0.as_bytes();
+        let aad = scope.aad();
         let ciphertext = cipher
             .encrypt(
                 XNonce::from_slice(&nonce),
                 Payload {
                     msg: plaintext,
-                    aad,
+                    aad: &aad,
                 },
             )
             .map_err(|_| SealError::Open(self.current.clone()))?;
@@ -102,11 +131,7 @@ impl Sealer {
         })
     }
 
-    pub fn open(
-        &self,
-        assignment: AssignmentId,
-        sealed: &SealedTask,
-    ) -> Result<Vec<u8>, SealError> {
+    pub fn open(&self, scope: SealScope<'_>, sealed: &SealedTask) -> Result<Vec<u8>, SealError> {
         let cipher = self
             .keys
             .get(&sealed.key_id)
@@ -119,7 +144,7 @@ impl Sealer {
                 XNonce::from_slice(&sealed.nonce),
                 Payload {
                     msg: &sealed.ciphertext,
-                    aad: assignment.0.as_bytes(),
+                    aad: &scope.aad(),
                 },
             )
             .map_err(|_| SealError::Open(sealed.key_id.clone()))
@@ -129,6 +154,10 @@ impl Sealer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn backend(name: &str) -> BackendName {
+        BackendName::new(name).expect("backend name")
+    }
 
     fn keys(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs
@@ -141,24 +170,36 @@ mod tests {
     fn sealed_task_opens_only_for_its_assignment() {
         let k = Sealer::generate_key();
         let s = Sealer::new("k1", &keys(&[("k1", &k)])).expect("keyring");
+        let (pod, vm) = (backend("pod"), backend("vm"));
         let a = AssignmentId::for_task("f", 1);
-        let sealed = s.seal(a, b"secret task").expect("seal");
+        let sealed = s
+            .seal(SealScope::new(a, &pod, 1), b"secret task")
+            .expect("seal");
         assert!(!sealed.ciphertext.windows(6).any(|w| w == b"secret"));
-        assert_eq!(s.open(a, &sealed).expect("open"), b"secret task");
-        assert!(matches!(
-            s.open(AssignmentId::for_task("f", 2), &sealed),
-            Err(SealError::Open(_))
-        ));
+        assert_eq!(
+            s.open(SealScope::new(a, &pod, 1), &sealed).expect("open"),
+            b"secret task"
+        );
+        // Another assignment, another backend or another forge task in the clear fields: the
+        // seal does not open.
+        for wrong in [
+            SealScope::new(AssignmentId::for_task("f", 2), &pod, 1),
+            SealScope::new(a, &vm, 1),
+            SealScope::new(a, &pod, 2),
+        ] {
+            assert!(matches!(s.open(wrong, &sealed), Err(SealError::Open(_))));
+        }
         let mut tampered = sealed.clone();
         tampered.ciphertext[0] ^= 1;
-        assert!(s.open(a, &tampered).is_err());
+        assert!(s.open(SealScope::new(a, &pod, 1), &tampered).is_err());
     }
 
     #[test]
     fn rotated_keyring_still_opens_old_assignments() {
         let (old, new) = (Sealer::generate_key(), Sealer::generate_key());
         let before = Sealer::new("old", &keys(&[("old", &old)])).expect("keyring");
-        let a = AssignmentId::for_task("f", 9);
+        let pod = backend("pod");
+        let a = SealScope::new(AssignmentId::for_task("f", 9), &pod, 9);
         let sealed = before.seal(a, b"x").expect("seal");
         let after = Sealer::new("new", &keys(&[("old", &old), ("new", &new)])).expect("keyring");
         assert_eq!(after.open(a, &sealed).expect("old key still listed"), b"x");

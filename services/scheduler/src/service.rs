@@ -44,6 +44,53 @@ pub fn sealer_from_config(config: &Config) -> anyhow::Result<Sealer> {
     Sealer::new(&current, &keys).context("scheduler.seal_keys")
 }
 
+/// The executor token keys of every enabled backend (from the `[pod_worker]`/`[vm_worker]`
+/// sections of the shared file), so the facade checks tokens itself. All or nothing: without
+/// every key the facade falls back to the hashes workers publish, and says so.
+pub fn token_keys_from_config(
+    config: &Config,
+) -> anyhow::Result<BTreeMap<jr_protocol::BackendName, jr_worker::TokenKey>> {
+    let mut keys = BTreeMap::new();
+    let mut missing = Vec::new();
+    for (section, worker, default) in [
+        ("pod_worker", &config.pod_worker, "pod"),
+        ("vm_worker", &config.vm_worker, "vm"),
+    ] {
+        let backend = worker.backend.as_deref().unwrap_or(default);
+        let Some((name, _)) = config
+            .enabled_backends()
+            .find(|(n, _)| n.as_str() == backend)
+        else {
+            continue;
+        };
+        let key = format!("{section}.token_key");
+        match jr_config::read_secret(&key, &worker.token_key, &worker.token_key_file)
+            .with_context(|| format!("reading {key} for the facade"))?
+        {
+            Some(text) => {
+                let parsed =
+                    jr_worker::TokenKey::from_base64(&text).with_context(|| format!("{key}"))?;
+                keys.insert(name, parsed);
+            }
+            None => missing.push(name),
+        }
+    }
+    let unkeyed: Vec<_> = config
+        .enabled_backends()
+        .map(|(n, _)| n)
+        .filter(|n| !keys.contains_key(n))
+        .collect();
+    if !unkeyed.is_empty() {
+        tracing::warn!(
+            ?unkeyed,
+            ?missing,
+            "the facade has no token key for some backends: it trusts the token hashes workers publish; give the scheduler every worker's token_key(_file)"
+        );
+        keys.clear();
+    }
+    Ok(keys)
+}
+
 pub fn tls_from_config(config: &Config) -> anyhow::Result<Option<TlsSettings>> {
     let f = &config.facade;
     let (Some(cert), Some(key)) = (&f.tls_cert_file, &f.tls_key_file) else {
@@ -122,6 +169,7 @@ pub async fn run(
             forges: forges.clone(),
             forge_base_url: config.forge.url.clone(),
             sealer,
+            token_keys: token_keys_from_config(&config)?,
             insecure_plain_http: config.facade.insecure_plain_http,
         },
         JetStreamLedger::new(bus.clone(), backends, unclaimed.clone()),

@@ -16,6 +16,7 @@ use jr_protocol::{
 };
 use jr_scheduler::fetcher::FetchError;
 use jr_scheduler::registration::{RegistrationError, RunnerIdentity, establish};
+use jr_scheduler::seal::SealScope;
 use prost::Message as _;
 use support::{World, assert_published_exactly_once, eventually, expected_backends};
 use tokio_util::sync::CancellationToken;
@@ -99,7 +100,10 @@ async fn thousand_jobs_are_dispatched_exactly_once_to_their_backend() {
         .expect("a vm assignment");
     let plain = dispatcher
         .sealer
-        .open(one.envelope.assignment_id, &one.assignment.sealed_task)
+        .open(
+            SealScope::of(one.envelope.assignment_id, &one.assignment),
+            &one.assignment.sealed_task,
+        )
         .expect("opens");
     let task = Task::decode(plain.as_slice()).expect("a runner.v1.Task");
     assert_eq!(task.id, one.assignment.forge_task_id);
@@ -129,7 +133,10 @@ async fn thousand_jobs_are_dispatched_exactly_once_to_their_backend() {
     assert!(
         dispatcher
             .sealer
-            .open(other, &one.assignment.sealed_task)
+            .open(
+                SealScope::new(other, &one.assignment.backend, one.assignment.forge_task_id),
+                &one.assignment.sealed_task,
+            )
             .is_err()
     );
 }

@@ -577,3 +577,53 @@ async fn proxy_streams_bodies_to_the_forge_and_back_unchanged() {
     assert_eq!(h.facade.stats().proxied_requests, 2);
     h.stop().await;
 }
+
+#[tokio::test]
+async fn with_token_keys_the_facade_checks_tokens_itself_and_ignores_hashes_on_the_bus() {
+    let h = start_with_token_keys().await;
+    // An attacker published a `workload-created` with the hash of a token of their choice.
+    let id = add_assignment(&h, 91, Some("attacker-token"));
+    let attacker = executor(&h.url, id, "attacker-token");
+    assert_eq!(
+        code_of(attacker.declare(&Default::default()).await),
+        Code::Unauthenticated
+    );
+    assert_eq!(
+        code_of(
+            attacker
+                .fetch_task(&FetchTaskRequest {
+                    tasks_version: 0,
+                    ..Default::default()
+                })
+                .await
+        ),
+        Code::Unauthenticated
+    );
+    // The real executor holds the attempt's derived token and gets its task.
+    let real = executor(&h.url, id, &token_key().token(id, 1));
+    assert_eq!(fetch(&real).await.map(|t| t.id), Some(91));
+    // Another attempt's token is refused.
+    let stale = executor(&h.url, id, &token_key().token(id, 2));
+    assert_eq!(
+        code_of(stale.declare(&Default::default()).await),
+        Code::Unauthenticated
+    );
+    // An id that names no stored assignment is refused, not told to wait.
+    let unknown = AssignmentId::for_task("http://forge.test", 999);
+    let nobody = executor(&h.url, unknown, &token_key().token(unknown, 1));
+    assert_eq!(
+        code_of(nobody.declare(&Default::default()).await),
+        Code::Unauthenticated
+    );
+    let stats = h.facade.stats();
+    let refused = |r: AuthRefusal| {
+        stats
+            .auth_refusals
+            .iter()
+            .find(|(reason, _)| *reason == r)
+            .map_or(0, |(_, n)| *n)
+    };
+    assert_eq!(refused(AuthRefusal::WrongToken), 3);
+    assert_eq!(refused(AuthRefusal::UnknownAssignment), 1);
+    h.stop().await;
+}

@@ -115,7 +115,16 @@ async fn ledger_failures_ask_the_executor_to_retry_and_lose_nothing() {
         backend: jr_protocol::BackendName::new("vm").expect("backend"),
         attempt: 1,
         forge_task_id: 71,
-        sealed_task: sealer.seal(id, &task(71).encode_to_vec()).expect("seal"),
+        sealed_task: sealer
+            .seal(
+                jr_scheduler::seal::SealScope::new(
+                    id,
+                    &jr_protocol::BackendName::new("vm").expect("backend"),
+                    71,
+                ),
+                &task(71).encode_to_vec(),
+            )
+            .expect("seal"),
         token_hash: Some(jr_scheduler::facade::token_hash(TOKEN)),
         claimed: false,
         terminal: false,

@@ -211,6 +211,12 @@ impl<L: Ledger> Facade<L> {
         }
 
         let Some(view) = self.ledger.lookup(id).await.map_err(AuthFailure::Ledger)? else {
+            // With a token key for every backend the facade needs nothing from the bus to check
+            // an executor, and a workload exists only for a stored assignment: an unknown id
+            // is not one of ours. Without the keys, the hash may simply not be visible yet.
+            if self.settings.mode.uses_token() && !self.settings.token_keys.is_empty() {
+                return refuse(AuthRefusal::UnknownAssignment);
+            }
             return Ok(Authenticated::Pending);
         };
         if view.id != id {
@@ -219,7 +225,15 @@ impl<L: Ledger> Facade<L> {
                 view.id
             ))));
         }
-        if let Some(token) = token {
+        if let Some(token) = token
+            && let Some(key) = self.settings.token_keys.get(&view.backend)
+        {
+            // The owner of the secret checks it: the token of this attempt, recomputed.
+            let expected = key.token(view.id, view.attempt);
+            if !bool::from(token.as_bytes().ct_eq(expected.as_bytes())) {
+                return refuse(AuthRefusal::WrongToken);
+            }
+        } else if let Some(token) = token {
             match view.token_hash.as_deref() {
                 Some(expected) => {
                     let presented = token_hash(token);

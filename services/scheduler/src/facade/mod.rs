@@ -78,6 +78,11 @@ pub struct FacadeSettings {
     pub forge_base_url: String,
     /// Opens the sealed task of an assignment.
     pub sealer: Arc<Sealer>,
+    /// Per backend, the key executor tokens are derived from (HMAC over assignment and
+    /// attempt). With the keys the facade checks tokens itself and ignores the hash on the bus,
+    /// and refuses ids that name no stored assignment. Either every enabled backend has its key
+    /// here or none does (then the facade falls back to the hash the worker published).
+    pub token_keys: std::collections::BTreeMap<jr_protocol::BackendName, jr_worker::TokenKey>,
     /// Allow [`serve`] without TLS (development only).
     pub insecure_plain_http: bool,
 }

@@ -297,7 +297,10 @@ impl<L: Ledger> Facade<L> {
         let plaintext = self
             .settings
             .sealer
-            .open(view.id, &view.sealed_task)
+            .open(
+                crate::seal::SealScope::new(view.id, &view.backend, view.forge_task_id),
+                &view.sealed_task,
+            )
             .map_err(|err| {
                 tracing::error!(assignment = %view.id, error = %err, "cannot open sealed task");
                 RpcError::new(Code::Internal, "the assignment's task cannot be opened")

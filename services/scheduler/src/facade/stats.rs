@@ -19,10 +19,13 @@ pub enum AuthRefusal {
     NoSpiffeId,
     /// The SPIFFE id is in another trust domain or names another assignment.
     SpiffeMismatch,
+    /// No assignment with this id exists (the facade can check every token itself, so an
+    /// executor of jetrunner's never asks before its assignment is stored).
+    UnknownAssignment,
 }
 
 impl AuthRefusal {
-    pub const ALL: [AuthRefusal; 7] = [
+    pub const ALL: [AuthRefusal; 8] = [
         AuthRefusal::MissingUuid,
         AuthRefusal::InvalidUuid,
         AuthRefusal::MissingToken,
@@ -30,6 +33,7 @@ impl AuthRefusal {
         AuthRefusal::MissingClientCertificate,
         AuthRefusal::NoSpiffeId,
         AuthRefusal::SpiffeMismatch,
+        AuthRefusal::UnknownAssignment,
     ];
 
     /// Metric label.
@@ -42,6 +46,7 @@ impl AuthRefusal {
             AuthRefusal::MissingClientCertificate => "missing_client_certificate",
             AuthRefusal::NoSpiffeId => "no_spiffe_id",
             AuthRefusal::SpiffeMismatch => "spiffe_mismatch",
+            AuthRefusal::UnknownAssignment => "unknown_assignment",
         }
     }
 
@@ -54,6 +59,7 @@ impl AuthRefusal {
             AuthRefusal::MissingClientCertificate => 4,
             AuthRefusal::NoSpiffeId => 5,
             AuthRefusal::SpiffeMismatch => 6,
+            AuthRefusal::UnknownAssignment => 7,
         }
     }
 }

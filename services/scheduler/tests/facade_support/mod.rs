@@ -236,6 +236,7 @@ pub fn settings(
         ),
         forge_base_url: forge_url.to_owned(),
         sealer,
+        token_keys: Default::default(),
         insecure_plain_http,
     }
 }
@@ -246,18 +247,37 @@ pub async fn start() -> Harness {
 }
 
 pub async fn start_with(mode: AuthMode, tls: Option<TlsSettings>) -> Harness {
+    start_keyed(mode, tls, BTreeMap::new()).await
+}
+
+/// The test key executor tokens derive from when a facade holds the backends' token keys.
+pub fn token_key() -> jr_worker::TokenKey {
+    jr_worker::TokenKey::from_base64("ZmFjYWRlLXRlc3QtdG9rZW4ta2V5LWZhY2FkZS10ZXN0IQ==")
+        .expect("test token key")
+}
+
+/// A facade that checks executor tokens itself with [`token_key`] for `pod` and `vm`.
+pub async fn start_with_token_keys() -> Harness {
+    let keys = ["pod", "vm"]
+        .into_iter()
+        .map(|b| (BackendName::new(b).expect("backend"), token_key()))
+        .collect();
+    start_keyed(AuthMode::Token, None, keys).await
+}
+
+pub async fn start_keyed(
+    mode: AuthMode,
+    tls: Option<TlsSettings>,
+    token_keys: BTreeMap<BackendName, jr_worker::TokenKey>,
+) -> Harness {
     install_crypto();
     let (forge_url, forge) = start_forge().await;
     let sealer = sealer();
     let ledger = Arc::new(MemoryLedger::new());
     let plain = tls.is_none();
-    let facade = Arc::new(
-        Facade::new(
-            settings(mode, &forge_url, sealer.clone(), plain),
-            ledger.clone(),
-        )
-        .expect("facade"),
-    );
+    let mut settings = settings(mode, &forge_url, sealer.clone(), plain);
+    settings.token_keys = token_keys;
+    let facade = Arc::new(Facade::new(settings, ledger.clone()).expect("facade"));
     let served = serve_facade(facade.clone(), tls).await;
     Harness {
         facade,
@@ -312,7 +332,14 @@ pub fn add_assignment(h: &Harness, forge_task_id: i64, token: Option<&str>) -> A
     let id = AssignmentId::for_task("http://forge.test", forge_task_id);
     let sealed = h
         .sealer
-        .seal(id, &task(forge_task_id).encode_to_vec())
+        .seal(
+            jr_scheduler::seal::SealScope::new(
+                id,
+                &BackendName::new("pod").expect("backend"),
+                forge_task_id,
+            ),
+            &task(forge_task_id).encode_to_vec(),
+        )
         .expect("seal");
     h.ledger.insert(AssignmentView {
         id,
