@@ -12,8 +12,14 @@ use std::time::Duration;
 
 use crate::forge_report::report_failure;
 use crate::forges::Forges;
+use crate::seal::Sealer;
 
-pub async fn handle(bus: &Bus, forges: &Forges, delivery: Delivery) -> Disposition {
+pub async fn handle(
+    bus: &Bus,
+    forges: &Forges,
+    sealer: &Sealer,
+    delivery: Delivery,
+) -> Disposition {
     let envelope = delivery.envelope;
     let Message::FailTask(FailTask {
         forge_task_id,
@@ -24,6 +30,26 @@ pub async fn handle(bus: &Bus, forges: &Forges, delivery: Delivery) -> Dispositi
         return Disposition::Term(format!("{} is not a fail-task command", envelope.kind()));
     };
     let id = envelope.assignment_id;
+    // Act only on an assignment this scheduler published, for this very forge task: anyone
+    // else's command (or one naming another task) must not fail a forge task or write its log.
+    match crate::redispatch::history(bus, &subject::assignment(&backend, id)).await {
+        Ok(history) => {
+            let ours = history.iter().rev().any(|e| {
+                matches!(&e.message, Message::Assignment(a) if a.forge_task_id == forge_task_id)
+                    && crate::redispatch::sealed_by(sealer, e).is_ok()
+            });
+            if !ours {
+                tracing::warn!(assignment = %id, task = forge_task_id, "fail-task names no assignment of ours for that task; refused");
+                return Disposition::Term(format!(
+                    "fail-task for forge task {forge_task_id}: no assignment {id} sealed by this scheduler for it"
+                ));
+            }
+        }
+        Err(e) => {
+            tracing::warn!(assignment = %id, error = %e, "cannot read the assignment; retrying fail-task");
+            return Disposition::Nak(Some(Duration::from_secs(2)));
+        }
+    }
     let Some(forge) = forges.client(&backend) else {
         return Disposition::Term(format!(
             "fail-task for backend {backend}, which has no forge registration here"

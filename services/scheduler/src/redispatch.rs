@@ -121,7 +121,10 @@ pub fn sealed_by(sealer: &Sealer, envelope: &Envelope) -> Result<(), String> {
         return Err(format!("{} is not an assignment", envelope.kind()));
     };
     let plaintext = sealer
-        .open(envelope.assignment_id, &assignment.sealed_task)
+        .open(
+            crate::seal::SealScope::of(envelope.assignment_id, assignment),
+            &assignment.sealed_task,
+        )
         .map_err(|e| e.to_string())?;
     let task = Task::decode(plaintext.as_slice())
         .map_err(|e| format!("the sealed task is not a forge task: {e}"))?;
@@ -140,7 +143,7 @@ const MAX_HISTORY: usize = 1000;
 
 /// The decodable messages on `subject` of JR_ASSIGNMENTS in stream order (undecodable ones are
 /// skipped), at most [`MAX_HISTORY`] of the latest.
-async fn history(bus: &Bus, subject: &str) -> anyhow::Result<Vec<Envelope>> {
+pub(crate) async fn history(bus: &Bus, subject: &str) -> anyhow::Result<Vec<Envelope>> {
     use futures::StreamExt as _;
     use jr_bus::async_nats::jetstream::consumer::{DeliverPolicy, pull::OrderedConfig};
     use jr_bus::async_nats::jetstream::stream::LastRawMessageErrorKind;
@@ -294,6 +297,11 @@ mod tests {
             next_attempt,
             reason: "workload-failed".into(),
         }
+    }
+
+    fn scope(id: AssignmentId, task_id: i64) -> crate::seal::SealScope<'static> {
+        static POD: std::sync::LazyLock<BackendName> = std::sync::LazyLock::new(|| backend("pod"));
+        crate::seal::SealScope::new(id, &POD, task_id)
     }
 
     fn ok(_: &Envelope) -> Result<(), String> {

@@ -216,7 +216,7 @@ pub async fn run(
                             jr_protocol::Kind::Redispatch => {
                                 crate::redispatch::handle(&bus, &sealer, d).await
                             }
-                            _ => crate::fail_task::handle(&bus, &forges, d).await,
+                            _ => crate::fail_task::handle(&bus, &forges, &sealer, d).await,
                         }
                     }
                 },

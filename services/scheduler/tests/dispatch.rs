@@ -433,9 +433,10 @@ async fn fail_task_reports_failure_once_and_respects_an_existing_terminal() {
     let forge = forges.registrations()[0].client.clone();
     let instance = world.forge_instance();
     let pod = BackendName::new("pod").expect("name");
-    world.forge.enqueue_jobs(job("pod"), 2);
+    world.forge.enqueue_jobs(job("pod"), 3);
+    let dispatcher = world.dispatcher(forges.clone());
     let mut tasks = Vec::new();
-    for _ in 0..2 {
+    for n in 0..3 {
         let reply = forge
             .fetch_task(&FetchTaskRequest {
                 tasks_version: 0,
@@ -443,9 +444,24 @@ async fn fail_task_reports_failure_once_and_respects_an_existing_terminal() {
             })
             .await
             .expect("fetch");
-        tasks.push(reply.task.expect("a task").id);
+        let task = reply.task.expect("a task");
+        tasks.push(task.id);
+        // The third task gets no assignment: a fail-task naming it is not the scheduler's.
+        if n < 2 {
+            let envelope = dispatcher
+                .assignment_envelope(&task, &pod, vec!["pod".into()], "build".into())
+                .expect("seal");
+            world
+                .bus
+                .publish(
+                    &subject::assignment(&pod, envelope.assignment_id),
+                    &envelope,
+                )
+                .await
+                .expect("publish assignment");
+        }
     }
-    let (lost, finished) = (tasks[0], tasks[1]);
+    let (lost, finished, foreign) = (tasks[0], tasks[1], tasks[2]);
     let (lost_id, finished_id) = (
         AssignmentId::for_task(&instance, lost),
         AssignmentId::for_task(&instance, finished),
@@ -480,6 +496,13 @@ async fn fail_task_reports_failure_once_and_respects_an_existing_terminal() {
     for command in [
         fail_task_command(&instance, lost, reason, "1"),
         fail_task_command(&instance, finished, reason, "1"),
+        fail_task_command(&instance, foreign, "forged", "1"),
+        // The id of `lost`'s assignment but another forge task: refused too.
+        {
+            let mut c = fail_task_command(&instance, foreign, "forged", "2");
+            c.assignment_id = lost_id;
+            c
+        },
     ] {
         world
             .bus
@@ -491,13 +514,15 @@ async fn fail_task_reports_failure_once_and_respects_an_existing_terminal() {
     let stop = CancellationToken::new();
     let consumer = {
         let (bus, forges, stop) = (world.bus.clone(), forges.clone(), stop.clone());
+        let sealer = dispatcher.sealer.clone();
         tokio::spawn(async move {
             let handler_bus = bus.clone();
             bus.run_consumer(
                 &ConsumerSpec::scheduler_commands(),
                 move |d| {
-                    let (bus, forges) = (handler_bus.clone(), forges.clone());
-                    async move { jr_scheduler::fail_task::handle(&bus, &forges, d).await }
+                    let (bus, forges, sealer) =
+                        (handler_bus.clone(), forges.clone(), sealer.clone());
+                    async move { jr_scheduler::fail_task::handle(&bus, &forges, &sealer, d).await }
                 },
                 ConsumerOptions::default(),
                 stop,
@@ -515,7 +540,7 @@ async fn fail_task_reports_failure_once_and_respects_an_existing_terminal() {
         stream.cached_info().state.messages == 0
     };
     eventually(
-        "both fail-task commands acked",
+        "all fail-task commands settled",
         Duration::from_secs(20),
         commands_done,
     )
@@ -568,6 +593,13 @@ async fn fail_task_reports_failure_once_and_respects_an_existing_terminal() {
         matches!(&failed.1.message, Message::TaskFailed(f) if f.forge_task_id == lost && f.reason == reason)
     );
 
+    // Commands naming no assignment of ours for that task changed nothing at the forge.
+    let foreign_task = snapshot.task(foreign).expect("foreign task");
+    assert_eq!(foreign_task.status, Status::Running);
+    assert!(
+        foreign_task.final_reports.is_empty() && foreign_task.log.is_empty(),
+        "{foreign_task:?}"
+    );
     // The task whose terminal came from its executor was left alone at the forge.
     let untouched = snapshot.task(finished).expect("finished task");
     assert_eq!(untouched.status, Status::Running);

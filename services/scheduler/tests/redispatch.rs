@@ -14,7 +14,7 @@ use jr_protocol::{
     Assignment, AssignmentId, BackendName, Envelope, Kind, Message, Redispatch, STREAM_COMMANDS,
     STREAM_EVENTS, subject,
 };
-use jr_scheduler::seal::Sealer;
+use jr_scheduler::seal::{SealScope, Sealer};
 use prost::Message as _;
 use support::{World, eventually};
 use tokio_util::sync::CancellationToken;
@@ -43,7 +43,9 @@ fn assignment(id: AssignmentId, task_id: i64, sealer: &Sealer) -> Envelope {
             job_name: format!("job-{task_id}"),
             max_duration_secs: 3600,
             fetched_at: 1_000,
-            sealed_task: sealer.seal(id, &task.encode_to_vec()).expect("seal"),
+            sealed_task: sealer
+                .seal(SealScope::new(id, &pod(), task_id), &task.encode_to_vec())
+                .expect("seal"),
         }),
     )
 }
