@@ -290,6 +290,65 @@ async fn full_size_vm_capacity_with_create_timeouts() -> anyhow::Result<()> {
 }
 
 // ---------------------------------------------------------------------------------------------
+// 4. A pool smaller than the worker's capacity: back-pressure is not failure
+
+/// The worker may hold more workloads than the OpenSandbox pool has VMs, so creates wait and end
+/// in 429 while the server briefly lists (and then deletes) what it made. None of that may read
+/// as a failed workload: no attempt is spent, every job runs once on attempt 1.
+async fn vm_pool_smaller_than_capacity(
+    jobs: u32,
+    capacity: usize,
+    pool: usize,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let spec = SystemSpec {
+        vm_capacity: capacity,
+        vm_pool: Some(pool),
+        ..Default::default()
+    };
+    let mut system = System::start(spec).await?;
+    let started = Instant::now();
+    let ids = system.enqueue_ids("vm", jobs, &[("JR_FAKE_DURATION_MS", "300")]);
+    settle(&mut system, timeout).await?;
+    let created = system.sandbox.created();
+    let refused = created.iter().filter(|s| !s.allocated).count();
+    let allocated: Vec<_> = created.iter().filter(|s| s.allocated).collect();
+    let attempt = |s: &&jr_fake_sandbox::CreatedSandbox| {
+        s.metadata
+            .iter()
+            .find(|(k, _)| k.ends_with("/attempt"))
+            .map(|(_, v)| v.clone())
+    };
+    let later_attempts = allocated
+        .iter()
+        .filter(|s| attempt(s).as_deref() != Some("1"))
+        .count();
+    eprintln!(
+        "vm pool {pool} < capacity {capacity}: {jobs} jobs done in {:?}; {refused} creates refused as full, {} VMs allocated, {later_attempts} on a later attempt, at most {} live",
+        started.elapsed(),
+        allocated.len(),
+        system.sandbox.max_live()
+    );
+    assert!(
+        refused > 0,
+        "the pool never said full: this run proves nothing"
+    );
+    assert_eq!(system.final_count(&ids), ids.len());
+    assert_eq!(
+        later_attempts, 0,
+        "a full pool spent an attempt (redispatch)"
+    );
+    assert_eq!(allocated.len(), jobs as usize, "one VM per job");
+    assert!(system.sandbox.max_live() <= pool);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_full_pool_delays_jobs_but_never_spends_an_attempt() -> anyhow::Result<()> {
+    vm_pool_smaller_than_capacity(30, 6, 2, Duration::from_secs(240)).await
+}
+
+// ---------------------------------------------------------------------------------------------
 // 5. Capacity isolation between backends
 
 /// Enqueues `n` jobs and waits until they are final; returns how long that took.
