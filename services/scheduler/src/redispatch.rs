@@ -299,11 +299,6 @@ mod tests {
         }
     }
 
-    fn scope(id: AssignmentId, task_id: i64) -> crate::seal::SealScope<'static> {
-        static POD: std::sync::LazyLock<BackendName> = std::sync::LazyLock::new(|| backend("pod"));
-        crate::seal::SealScope::new(id, &POD, task_id)
-    }
-
     fn ok(_: &Envelope) -> Result<(), String> {
         Ok(())
     }

@@ -170,6 +170,7 @@ pub async fn run(
             forge_base_url: config.forge.url.clone(),
             sealer,
             token_keys: token_keys_from_config(&config)?,
+            limits: (&config.facade).into(),
             insecure_plain_http: config.facade.insecure_plain_http,
         },
         JetStreamLedger::new(bus.clone(), backends, unclaimed.clone()),

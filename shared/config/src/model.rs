@@ -46,6 +46,36 @@ pub struct NatsConfig {
     pub streams: StreamsConfig,
 }
 
+/// `[<service>.nats]` (`scheduler`, `pod_worker`, `vm_worker`, `reconciler`): the NATS user this
+/// one service connects as, so that each service has only its own permissions. Give one of:
+/// `credentials_file`; `user` with `password` or `password_file`; `nkey_seed_file`. Without
+/// this table the service uses `nats.credentials_file` (or no credentials).
+#[derive(Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NatsAuthConfig {
+    /// A `.creds` file (user JWT and nkey seed, as `nsc` writes them).
+    #[serde(default)]
+    pub credentials_file: Option<PathBuf>,
+    #[serde(default)]
+    pub user: Option<String>,
+    #[serde(default)]
+    pub password: Option<String>,
+    #[serde(default)]
+    pub password_file: Option<PathBuf>,
+    /// A file holding the user's nkey seed (`SU...`).
+    #[serde(default)]
+    pub nkey_seed_file: Option<PathBuf>,
+}
+
+/// How one service authenticates to NATS, resolved from the configuration
+/// ([`crate::Config::nats_auth`]); secrets already read from their files.
+#[derive(Clone, PartialEq, Eq)]
+pub enum NatsAuth {
+    CredentialsFile(PathBuf),
+    UserPassword { user: String, password: String },
+    NKeySeed(String),
+}
+
 /// `[nats.streams.*]`: limits per stream. A full stream refuses new messages (publishers
 /// retry); nothing stored is discarded to make room.
 #[derive(Clone, Debug, Deserialize)]
@@ -208,6 +238,19 @@ pub struct FacadeConfig {
     /// Serve plain HTTP. For development only; refused unless set explicitly.
     #[serde(default)]
     pub insecure_plain_http: bool,
+    /// Largest request body (bytes) an authenticated executor may send; larger UpdateLog
+    /// batches are refused with `resource_exhausted`.
+    #[serde(default = "four_mib")]
+    pub max_body_bytes: usize,
+    /// A request whose body has not fully arrived within this time is answered and closed.
+    #[serde(default = "thirty_s", with = "humantime_serde")]
+    pub body_timeout: Duration,
+    /// Open executor connections at most; further ones wait in the listen backlog.
+    #[serde(default = "default_facade_connections")]
+    pub max_connections: usize,
+    /// RunnerService calls per second one assignment may make (a running act_runner makes ~2).
+    #[serde(default = "default_facade_rate")]
+    pub max_calls_per_second: u32,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -331,6 +374,9 @@ pub struct SchedulerConfig {
     /// Alternative to `seal_keys`: a TOML file holding the same table (e.g. a mounted Secret).
     #[serde(default)]
     pub seal_keys_file: Option<PathBuf>,
+    /// The scheduler's own NATS user.
+    #[serde(default)]
+    pub nats: Option<NatsAuthConfig>,
 }
 
 impl Default for SchedulerConfig {
@@ -340,6 +386,7 @@ impl Default for SchedulerConfig {
             seal_key_id: None,
             seal_keys: BTreeMap::new(),
             seal_keys_file: None,
+            nats: None,
         }
     }
 }
@@ -360,6 +407,9 @@ pub struct WorkerConfig {
     pub token_key: Option<String>,
     #[serde(default)]
     pub token_key_file: Option<PathBuf>,
+    /// This worker's own NATS user.
+    #[serde(default)]
+    pub nats: Option<NatsAuthConfig>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -387,6 +437,9 @@ pub struct ReconcilerConfig {
     pub plan_interval: Duration,
     #[serde(default = "default_batch")]
     pub max_batch: usize,
+    /// The reconciler's own NATS user.
+    #[serde(default)]
+    pub nats: Option<NatsAuthConfig>,
 }
 
 impl Default for ReconcilerConfig {
@@ -402,6 +455,7 @@ impl Default for ReconcilerConfig {
             max_attempts: default_max_attempts(),
             plan_interval: default_plan_interval(),
             max_batch: default_batch(),
+            nats: None,
         }
     }
 }
@@ -461,6 +515,15 @@ impl Config {
 
 fn one() -> usize {
     1
+}
+fn four_mib() -> usize {
+    4 * 1024 * 1024
+}
+fn default_facade_connections() -> usize {
+    1024
+}
+fn default_facade_rate() -> u32 {
+    50
 }
 fn two() -> usize {
     2

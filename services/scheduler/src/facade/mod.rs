@@ -11,6 +11,7 @@
 
 mod auth;
 mod ledger;
+mod limits;
 pub(crate) mod progress;
 mod proxy;
 mod rpc;
@@ -26,6 +27,7 @@ use crate::seal::Sealer;
 
 pub use auth::{ClientIdentity, SpiffeId, token_hash};
 pub use ledger::{AssignmentView, Ledger, LedgerError, MemoryLedger, MemoryRecord};
+pub use limits::{CallRate, FacadeLimits};
 pub use rpc::router;
 pub use server::{TlsSettings, serve};
 pub use stats::{AuthRefusal, FacadeStats};
@@ -83,6 +85,8 @@ pub struct FacadeSettings {
     /// and refuses ids that name no stored assignment. Either every enabled backend has its key
     /// here or none does (then the facade falls back to the hash the worker published).
     pub token_keys: std::collections::BTreeMap<jr_protocol::BackendName, jr_worker::TokenKey>,
+    /// Body size and time, connections, calls per assignment.
+    pub limits: FacadeLimits,
     /// Allow [`serve`] without TLS (development only).
     pub insecure_plain_http: bool,
 }
@@ -118,6 +122,9 @@ impl FacadeError {
     }
 }
 
+/// Report progress records kept before idle ones are pruned.
+const PROGRESS_PRUNE_AT: usize = 4096;
+
 /// The facade's state: settings, ledger, counters and the per-assignment report progress.
 pub struct Facade<L: Ledger> {
     settings: FacadeSettings,
@@ -126,6 +133,8 @@ pub struct Facade<L: Ledger> {
     /// Report progress per assignment. Entries are small; [`Facade::forget`] drops one when its
     /// workload is released.
     progress: Mutex<HashMap<AssignmentId, Arc<tokio::sync::Mutex<Progress>>>>,
+    /// Calls per assignment in the current second.
+    call_rate: CallRate,
     /// Client for proxied paths: no redirects followed, no transparent decompression, so the
     /// executor sees the forge's answer byte for byte.
     proxy_http: reqwest::Client,
@@ -147,10 +156,13 @@ impl<L: Ledger> Facade<L> {
             .redirect(reqwest::redirect::Policy::none())
             .no_gzip()
             .connect_timeout(std::time::Duration::from_secs(10))
+            // A whole proxied exchange (artifact uploads included) ends within this.
+            .timeout(std::time::Duration::from_secs(15 * 60))
             .user_agent(concat!("jetrunner-facade/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(FacadeError::ProxyClient)?;
         Ok(Facade {
+            call_rate: CallRate::new(settings.limits.max_calls_per_second),
             settings,
             ledger,
             counters: Counters::default(),
@@ -186,8 +198,17 @@ impl<L: Ledger> Facade<L> {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// The progress record of an assignment (created on first use).
+    /// The progress record of an assignment (created on first use). Records nobody holds are
+    /// dropped once the map grows past [`PROGRESS_PRUNE_AT`]: the ledger's `terminal` fact is
+    /// all a later call of a finished task needs, and an unfinished one starts afresh from it.
     fn progress_of(&self, id: AssignmentId) -> Arc<tokio::sync::Mutex<Progress>> {
-        self.progress_map().entry(id).or_default().clone()
+        let mut map = self.progress_map();
+        if map.len() >= PROGRESS_PRUNE_AT && !map.contains_key(&id) {
+            map.retain(|_, p| Arc::strong_count(p) > 1 || p.try_lock().is_ok_and(|p| !p.is_done()));
+            if map.len() >= PROGRESS_PRUNE_AT {
+                map.retain(|_, p| Arc::strong_count(p) > 1);
+            }
+        }
+        map.entry(id).or_default().clone()
     }
 }

@@ -55,6 +55,11 @@ pub(crate) fn final_result(result: i32) -> Option<TaskResult> {
 }
 
 impl Progress {
+    /// Final and its end reported: nothing about the task can change any more.
+    pub fn is_done(&self) -> bool {
+        self.terminal && self.finish_reported
+    }
+
     /// Aligns the record with the ledger's view: a new attempt starts afresh.
     pub fn sync(&mut self, attempt: u32, ledger_terminal: bool) {
         if self.attempt != attempt {

@@ -57,7 +57,17 @@ fn forwardable(headers: &HeaderMap, request: bool) -> HeaderMap {
         .collect();
     let mut out = HeaderMap::with_capacity(headers.len());
     for (name, value) in headers {
+        // Headers a reverse proxy in front of the forge would trust to say who the client is
+        // (`X-Forwarded-For`, `X-WEBAUTH-USER` for reverse-proxy login, …) never pass.
+        let impersonating = request && {
+            let n = name.as_str();
+            n == "forwarded"
+                || n == "x-real-ip"
+                || n.starts_with("x-forwarded-")
+                || n.starts_with("x-webauth-")
+        };
         let drop = HOP_BY_HOP.contains(name)
+            || impersonating
             || named_in_connection.iter().any(|n| n == name.as_str())
             || (request
                 && (name == header::HOST
@@ -150,8 +160,17 @@ mod tests {
             "Bearer runtime".parse().expect("value"),
         );
         h.insert(header::CONTENT_LENGTH, "3".parse().expect("value"));
+        for spoof in [
+            "x-forwarded-for",
+            "x-forwarded-proto",
+            "forwarded",
+            "x-real-ip",
+            "x-webauth-user",
+        ] {
+            h.insert(spoof, "admin".parse().expect("value"));
+        }
         let out = forwardable(&h, true);
-        assert_eq!(out.len(), 2);
+        assert_eq!(out.len(), 2, "{out:?}");
         assert_eq!(out[header::AUTHORIZATION], "Bearer runtime");
         assert_eq!(out[header::CONTENT_LENGTH], "3");
     }

@@ -132,35 +132,75 @@ async fn runner_service<L: Ledger>(
     Path(method): Path<String>,
     request: Request,
 ) -> Response {
-    let (parts, body) = request.into_parts();
-    let caller = Caller::from_request(&parts.headers, parts.extensions.get::<ClientIdentity>());
-    let content_type = parts
-        .headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok());
-    let body = match axum::body::to_bytes(body, MAX_RPC_BODY).await {
-        Ok(body) => body,
-        Err(_) => {
-            return RpcError::new(Code::ResourceExhausted, "request body too large or broken")
-                .into_response();
-        }
-    };
     let f = &facade;
     match method.as_str() {
         "Register" => {
             bump(&f.counters.permission_denied);
-            RpcError::new(
+            return RpcError::new(
                 Code::PermissionDenied,
                 "Register is not available on the jetrunner facade: executors use the \
                  per-assignment credentials they were started with",
             )
-            .into_response()
+            .into_response();
         }
-        "Declare" => unary(content_type, &body, |r| f.declare(&caller, r)).await,
-        "FetchTask" => unary(content_type, &body, |r| f.fetch_task(&caller, r)).await,
-        "UpdateTask" => unary(content_type, &body, |r| f.update_task(&caller, r)).await,
-        "UpdateLog" => unary(content_type, &body, |r| f.update_log(&caller, r)).await,
-        _ => StatusCode::NOT_FOUND.into_response(),
+        "Declare" | "FetchTask" | "UpdateTask" | "UpdateLog" => {}
+        _ => return StatusCode::NOT_FOUND.into_response(),
+    }
+    let (parts, body) = request.into_parts();
+    let caller = Caller::from_request(&parts.headers, parts.extensions.get::<ClientIdentity>());
+    // Authenticate from the headers before reading any body: a caller that is not an executor
+    // of ours never makes the facade buffer (or wait for) a body.
+    let auth = match f.authenticate(&caller).await {
+        Err(refused @ AuthFailure::Refused(_)) => return auth_error(refused).into_response(),
+        other => other,
+    };
+    if let Ok(Authenticated::Ready { view, .. }) = &auth
+        && !f.call_rate.admit(view.id, std::time::Instant::now())
+    {
+        bump(&f.counters.rate_limited);
+        return RpcError::new(
+            Code::ResourceExhausted,
+            "too many calls for this assignment; slow down",
+        )
+        .into_response();
+    }
+    let content_type = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok());
+    let limits = f.settings.limits;
+    let body = match tokio::time::timeout(
+        limits.body_timeout,
+        axum::body::to_bytes(body, limits.max_body_bytes),
+    )
+    .await
+    {
+        Ok(Ok(body)) => body,
+        Ok(Err(_)) => {
+            return RpcError::new(
+                Code::ResourceExhausted,
+                format!(
+                    "request body larger than facade.max_body_bytes ({} bytes) or broken; \
+                     send UpdateLog in smaller batches",
+                    limits.max_body_bytes
+                ),
+            )
+            .into_response();
+        }
+        Err(_) => {
+            bump(&f.counters.body_timeouts);
+            return RpcError::new(
+                Code::DeadlineExceeded,
+                "request body not received within facade.body_timeout",
+            )
+            .into_response();
+        }
+    };
+    match method.as_str() {
+        "Declare" => unary(content_type, &body, |r| f.declare(&caller, auth, r)).await,
+        "FetchTask" => unary(content_type, &body, |r| f.fetch_task(auth, r)).await,
+        "UpdateTask" => unary(content_type, &body, |r| f.update_task(auth, r)).await,
+        _ => unary(content_type, &body, |r| f.update_log(auth, r)).await,
     }
 }
 
@@ -190,12 +230,13 @@ impl<L: Ledger> Facade<L> {
     async fn declare(
         &self,
         caller: &Caller,
+        auth: Result<Authenticated, AuthFailure>,
         request: DeclareRequest,
     ) -> Result<DeclareResponse, RpcError> {
         // Pending is fine, and so is a ledger hiccup: act_runner gives up on a failed Declare,
         // the assignment may simply not be visible yet, and Declare reveals nothing. Only a
         // definite refusal (wrong token or identity) fails it.
-        match self.authenticate(caller).await {
+        match auth {
             Ok(_) | Err(AuthFailure::Ledger(_)) => {}
             Err(refused @ AuthFailure::Refused(_)) => return Err(auth_error(refused)),
         }
@@ -213,7 +254,7 @@ impl<L: Ledger> Facade<L> {
 
     async fn fetch_task(
         &self,
-        caller: &Caller,
+        auth: Result<Authenticated, AuthFailure>,
         _request: FetchTaskRequest,
     ) -> Result<FetchTaskResponse, RpcError> {
         let no_task = FetchTaskResponse {
@@ -221,7 +262,7 @@ impl<L: Ledger> Facade<L> {
             tasks_version: TASKS_VERSION,
             additional_tasks: Vec::new(),
         };
-        let (view, executor) = match self.authenticate(caller).await.map_err(auth_error)? {
+        let (view, executor) = match auth.map_err(auth_error)? {
             Authenticated::Ready { view, executor } => (view, executor),
             Authenticated::Pending => {
                 bump(&self.counters.fetches_pending);
@@ -322,10 +363,10 @@ impl<L: Ledger> Facade<L> {
     /// Authentication plus the checks shared by UpdateTask and UpdateLog.
     async fn reporting_caller(
         &self,
-        caller: &Caller,
+        auth: Result<Authenticated, AuthFailure>,
         task_id: i64,
     ) -> Result<AssignmentView, RpcError> {
-        let view = match self.authenticate(caller).await.map_err(auth_error)? {
+        let view = match auth.map_err(auth_error)? {
             Authenticated::Ready { view, .. } => view,
             Authenticated::Pending => return Err(not_visible_yet()),
         };
@@ -369,7 +410,7 @@ impl<L: Ledger> Facade<L> {
 
     async fn update_task(
         &self,
-        caller: &Caller,
+        auth: Result<Authenticated, AuthFailure>,
         request: UpdateTaskRequest,
     ) -> Result<UpdateTaskResponse, RpcError> {
         let Some(state) = request.state.as_ref() else {
@@ -379,7 +420,7 @@ impl<L: Ledger> Facade<L> {
             ));
         };
         let requested = state.result;
-        let view = self.reporting_caller(caller, state.id).await?;
+        let view = self.reporting_caller(auth, state.id).await?;
         let progress = self.progress_of(view.id);
         // One report at a time per assignment, so the progress record follows the forge.
         let mut progress = progress.lock().await;
@@ -432,10 +473,10 @@ impl<L: Ledger> Facade<L> {
 
     async fn update_log(
         &self,
-        caller: &Caller,
+        auth: Result<Authenticated, AuthFailure>,
         request: UpdateLogRequest,
     ) -> Result<UpdateLogResponse, RpcError> {
-        let view = self.reporting_caller(caller, request.task_id).await?;
+        let view = self.reporting_caller(auth, request.task_id).await?;
         let progress = self.progress_of(view.id);
         let mut progress = progress.lock().await;
         progress.sync(view.attempt, view.terminal);

@@ -157,6 +157,11 @@ pub async fn serve<L: Ledger>(
             None
         }
     };
+    // At most `max_connections` open connections: beyond that the accept loop waits and new
+    // connections queue in the listen backlog instead of costing memory here.
+    let slots = Arc::new(tokio::sync::Semaphore::new(
+        facade.settings().limits.max_connections,
+    ));
     let app = router(facade);
     let (stop, stopping) = watch::channel(false);
     let mut connections = JoinSet::new();
@@ -164,13 +169,24 @@ pub async fn serve<L: Ledger>(
     loop {
         tokio::select! {
             _ = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => {
-                    connections.spawn(serve_connection(
+            accepted = async {
+                let slot = slots.clone().acquire_owned().await;
+                (listener.accept().await, slot)
+            } => match accepted {
+                (Ok((stream, peer)), Ok(slot)) => {
+                    let served = serve_connection(
                         stream, peer, acceptor.clone(), app.clone(), stopping.clone(),
-                    ));
+                    );
+                    connections.spawn(async move {
+                        served.await;
+                        drop(slot);
+                    });
                 }
-                Err(err) => {
+                (Ok(_), Err(_)) => {
+                    tracing::error!("facade connection slots closed");
+                    break;
+                }
+                (Err(err), _) => {
                     tracing::warn!(error = %err, "facade accept failed");
                     tokio::time::sleep(ACCEPT_BACKOFF).await;
                 }

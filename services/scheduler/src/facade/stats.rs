@@ -93,6 +93,10 @@ pub struct FacadeStats {
     pub proxy_errors: u64,
     /// Ledger lookups or publishes that failed.
     pub ledger_errors: u64,
+    /// Calls refused because their assignment exceeded its calls per second.
+    pub rate_limited: u64,
+    /// Requests whose body did not arrive within the body timeout.
+    pub body_timeouts: u64,
 }
 
 impl FacadeStats {
@@ -125,6 +129,10 @@ pub(crate) struct Counters {
     pub proxied_requests: AtomicU64,
     pub proxy_errors: AtomicU64,
     pub ledger_errors: AtomicU64,
+    /// Calls refused because their assignment exceeded `max_calls_per_second`.
+    pub rate_limited: AtomicU64,
+    /// Requests whose body did not arrive within `body_timeout`.
+    pub body_timeouts: AtomicU64,
 }
 
 pub(crate) fn bump(counter: &AtomicU64) {
@@ -155,6 +163,8 @@ impl Counters {
             proxied_requests: get(&self.proxied_requests),
             proxy_errors: get(&self.proxy_errors),
             ledger_errors: get(&self.ledger_errors),
+            rate_limited: get(&self.rate_limited),
+            body_timeouts: get(&self.body_timeouts),
         }
     }
 }

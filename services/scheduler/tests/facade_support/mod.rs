@@ -237,6 +237,7 @@ pub fn settings(
         forge_base_url: forge_url.to_owned(),
         sealer,
         token_keys: Default::default(),
+        limits: Default::default(),
         insecure_plain_http,
     }
 }
@@ -270,6 +271,20 @@ pub async fn start_keyed(
     tls: Option<TlsSettings>,
     token_keys: BTreeMap<BackendName, jr_worker::TokenKey>,
 ) -> Harness {
+    start_full(mode, tls, token_keys, Default::default()).await
+}
+
+/// A token-mode facade with the given resource limits.
+pub async fn start_with_limits(limits: jr_scheduler::facade::FacadeLimits) -> Harness {
+    start_full(AuthMode::Token, None, BTreeMap::new(), limits).await
+}
+
+pub async fn start_full(
+    mode: AuthMode,
+    tls: Option<TlsSettings>,
+    token_keys: BTreeMap<BackendName, jr_worker::TokenKey>,
+    limits: jr_scheduler::facade::FacadeLimits,
+) -> Harness {
     install_crypto();
     let (forge_url, forge) = start_forge().await;
     let sealer = sealer();
@@ -277,6 +292,7 @@ pub async fn start_keyed(
     let plain = tls.is_none();
     let mut settings = settings(mode, &forge_url, sealer.clone(), plain);
     settings.token_keys = token_keys;
+    settings.limits = limits;
     let facade = Arc::new(Facade::new(settings, ledger.clone()).expect("facade"));
     let served = serve_facade(facade.clone(), tls).await;
     Harness {
