@@ -36,6 +36,20 @@ impl std::fmt::Debug for Credentials {
     }
 }
 
+/// `permissions` for a refused subject (the server says "Permissions Violation for Publish to
+/// ..." or "... for Subscription to ..."), `authorization` for refused credentials.
+fn server_error_kind(error: &async_nats::ServerError) -> &'static str {
+    match error {
+        async_nats::ServerError::AuthorizationViolation => "authorization",
+        async_nats::ServerError::Other(text)
+            if text.to_ascii_lowercase().contains("permissions violation") =>
+        {
+            "permissions"
+        }
+        _ => "other",
+    }
+}
+
 /// A connection to NATS with its JetStream context. Cheap to clone; all clones share one
 /// connection, which reconnects forever in the background.
 #[derive(Clone)]
@@ -56,14 +70,30 @@ impl Bus {
         name: &str,
         credentials: Option<Credentials>,
     ) -> Result<Bus, BusError> {
+        Self::connect_with_inbox(url, name, credentials, "_INBOX").await
+    }
+
+    /// Like [`Bus::connect`], with replies (and pulled messages) arriving on subjects under
+    /// `inbox_prefix`, e.g. `_INBOX.scheduler`: a NATS user that may subscribe only to its own
+    /// prefix needs this ([`crate::permissions::Role::inbox_prefix`]).
+    pub async fn connect_with_inbox(
+        url: &str,
+        name: &str,
+        credentials: Option<Credentials>,
+        inbox_prefix: &str,
+    ) -> Result<Bus, BusError> {
         let connections = Arc::new(watch::Sender::new(0u64));
         let on_event = connections.clone();
+        let metrics = Arc::new(BusMetrics::default());
+        let event_metrics = metrics.clone();
         let mut options = async_nats::ConnectOptions::new()
             .name(name)
+            .custom_inbox_prefix(inbox_prefix)
             .retry_on_initial_connect()
             .max_reconnects(None)
             .event_callback(move |event| {
                 let connections = on_event.clone();
+                let metrics = event_metrics.clone();
                 async move {
                     match event {
                         async_nats::Event::Connected => {
@@ -71,6 +101,11 @@ impl Bus {
                             tracing::info!("connected to NATS");
                         }
                         async_nats::Event::Disconnected => tracing::warn!("disconnected from NATS"),
+                        async_nats::Event::ServerError(error) => {
+                            let kind = server_error_kind(&error);
+                            BusMetrics::count(&metrics.server_errors, vec![("kind", kind.into())]);
+                            tracing::error!(%error, kind, "NATS server error");
+                        }
                         other => tracing::info!(event = %other, "NATS connection event"),
                     }
                 }
@@ -95,7 +130,7 @@ impl Bus {
         Ok(Bus {
             client,
             js,
-            metrics: Arc::new(BusMetrics::default()),
+            metrics,
             connections,
         })
     }

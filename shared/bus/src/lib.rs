@@ -21,6 +21,7 @@ mod consume;
 mod error;
 mod gate;
 mod metrics;
+pub mod permissions;
 mod publish;
 mod retry;
 mod topology;

@@ -19,6 +19,10 @@ pub struct BusMetrics {
     pub undecodable: Family<Labels, Counter>,
     /// `jr_bus_pull_errors_total{consumer}`: pull loop errors that led to a re-pull.
     pub pull_errors: Family<Labels, Counter>,
+    /// `jr_bus_server_errors_total{kind}`: errors the NATS server reported on this connection;
+    /// kind = permissions (a subject this service's NATS user may not use) | authorization |
+    /// other.
+    pub server_errors: Family<Labels, Counter>,
 }
 
 impl BusMetrics {
@@ -48,6 +52,11 @@ impl BusMetrics {
             "pull_errors",
             "Pull loop errors that led to a re-pull",
             self.pull_errors.clone(),
+        );
+        registry.register(
+            "server_errors",
+            "Errors the NATS server reported (permission violations included)",
+            self.server_errors.clone(),
         );
     }
 

@@ -14,6 +14,39 @@ pub struct NatsServer {
     monitor_port: u16,
     dir: tempfile::TempDir,
     child: Option<Child>,
+    /// A configuration file (`-c`), when the server runs with users.
+    config: Option<PathBuf>,
+}
+
+/// The service users a server started with [`NatsServer::start_with_users`] knows.
+#[derive(Clone, Debug)]
+pub struct ServiceUsers {
+    /// `(role, password)` of every jetrunner service.
+    pub services: Vec<(crate::permissions::Role, String)>,
+    /// The full-rights user that connections without credentials are (`no_auth_user`): the
+    /// test harness, fakes and inspections.
+    pub admin: String,
+}
+
+impl ServiceUsers {
+    /// The password of `role`'s user.
+    pub fn password(&self, role: &crate::permissions::Role) -> Option<&str> {
+        self.services
+            .iter()
+            .find(|(r, _)| r == role)
+            .map(|(_, p)| p.as_str())
+    }
+}
+
+fn random_password() -> String {
+    use rand::Rng as _;
+    let mut rng = rand::rng();
+    (0..24)
+        .map(|_| {
+            let i = rng.random_range(0..36u8);
+            char::from(if i < 10 { b'0' + i } else { b'a' + i - 10 })
+        })
+        .collect()
 }
 
 fn free_port() -> std::io::Result<u16> {
@@ -44,9 +77,62 @@ impl NatsServer {
             monitor_port: free_port()?,
             dir: tempfile::tempdir()?,
             child: None,
+            config: None,
         };
         server.spawn().await?;
         Ok(server)
+    }
+
+    /// Starts a server whose clients must be one of the jetrunner service users of a
+    /// deployment with `backends`, each limited to its subjects
+    /// ([`crate::permissions::permissions`], fresh random passwords), or the full-rights user
+    /// `admin`, which every connection without credentials is. Permission violations are
+    /// written to the server log ([`Self::log`]).
+    pub async fn start_with_users(
+        backends: &[jr_protocol::BackendName],
+    ) -> std::io::Result<(NatsServer, ServiceUsers)> {
+        use crate::permissions::{NatsUser, Password, Role, authorization_block};
+        let users = ServiceUsers {
+            services: Role::all(backends)
+                .into_iter()
+                .map(|role| (role, random_password()))
+                .collect(),
+            admin: "admin".to_owned(),
+        };
+        let mut list: Vec<NatsUser> = users
+            .services
+            .iter()
+            .map(|(role, password)| {
+                NatsUser::service(role, backends, Password::Literal(password.clone()))
+            })
+            .collect();
+        list.push(NatsUser {
+            user: users.admin.clone(),
+            password: Password::Literal(random_password()),
+            permissions: None,
+        });
+        let dir = tempfile::tempdir()?;
+        let config = dir.path().join("nats.conf");
+        let text = format!(
+            "{}no_auth_user: {}\n",
+            authorization_block(&list),
+            users.admin
+        );
+        std::fs::write(&config, text)?;
+        let mut server = NatsServer {
+            port: free_port()?,
+            monitor_port: free_port()?,
+            dir,
+            child: None,
+            config: Some(config),
+        };
+        server.spawn().await?;
+        Ok((server, users))
+    }
+
+    /// The server's log so far (permission violations are logged as `Permissions Violation`).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("nats.log")).unwrap_or_default()
     }
 
     /// `nats://127.0.0.1:<port>`.
@@ -94,7 +180,11 @@ impl NatsServer {
         let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
         // The port may linger briefly after a kill; retry the spawn until it binds.
         loop {
-            let mut child = Command::new(&binary)
+            let mut command = Command::new(&binary);
+            if let Some(config) = &self.config {
+                command.arg("-c").arg(config);
+            }
+            let mut child = command
                 .args(["-js", "-a", "127.0.0.1"])
                 .args(["-p", &self.port.to_string()])
                 .args(["-m", &self.monitor_port.to_string()])

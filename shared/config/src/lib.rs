@@ -153,7 +153,58 @@ pub fn read_secret(
     Ok(inline.clone())
 }
 
+/// The config sections of the four services, as named in `[<section>.nats]`.
+pub const SERVICE_SECTIONS: [&str; 4] = ["scheduler", "pod_worker", "vm_worker", "reconciler"];
+
 impl Config {
+    /// The `[<section>.nats]` table of one service (`scheduler`, `pod_worker`, `vm_worker`,
+    /// `reconciler`), if configured.
+    pub fn service_nats(&self, section: &str) -> Option<&NatsAuthConfig> {
+        match section {
+            "scheduler" => self.scheduler.nats.as_ref(),
+            "pod_worker" => self.pod_worker.nats.as_ref(),
+            "vm_worker" => self.vm_worker.nats.as_ref(),
+            "reconciler" => self.reconciler.nats.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// How the service of config section `section` authenticates to NATS: its own
+    /// `[<section>.nats]` user, else `nats.credentials_file`, else no credentials. Reads the
+    /// password or seed file (refusing files others can read).
+    pub fn nats_auth(&self, section: &str) -> Result<Option<NatsAuth>, ConfigError> {
+        let Some(auth) = self.service_nats(section) else {
+            return Ok(self
+                .nats
+                .credentials_file
+                .clone()
+                .map(NatsAuth::CredentialsFile));
+        };
+        if let Some(path) = &auth.credentials_file {
+            return Ok(Some(NatsAuth::CredentialsFile(path.clone())));
+        }
+        if let Some(path) = &auth.nkey_seed_file {
+            let key = format!("{section}.nats.nkey_seed_file");
+            let seed = read_secret_file(&key, path)?;
+            return Ok(Some(NatsAuth::NKeySeed(seed.trim().to_owned())));
+        }
+        let key = format!("{section}.nats.password");
+        match (
+            &auth.user,
+            read_secret(&key, &auth.password, &auth.password_file)?,
+        ) {
+            (Some(user), Some(password)) => Ok(Some(NatsAuth::UserPassword {
+                user: user.clone(),
+                password,
+            })),
+            // `validate` refuses a table without a complete method.
+            _ => Err(ConfigError::key(
+                format!("{section}.nats"),
+                "give credentials_file, nkey_seed_file, or user with password (or password_file)",
+            )),
+        }
+    }
+
     /// Refuses every configured secret file that exists and that other users can read. Files
     /// that do not exist here are left to the service that reads them (each service mounts only
     /// its own secrets).
@@ -173,6 +224,19 @@ impl Config {
         for (key, path) in files {
             if let Some(path) = path {
                 check_secret_file(key, path)?;
+            }
+        }
+        for section in SERVICE_SECTIONS {
+            if let Some(auth) = self.service_nats(section) {
+                for (key, path) in [
+                    ("credentials_file", &auth.credentials_file),
+                    ("password_file", &auth.password_file),
+                    ("nkey_seed_file", &auth.nkey_seed_file),
+                ] {
+                    if let Some(path) = path {
+                        check_secret_file(&format!("{section}.nats.{key}"), path)?;
+                    }
+                }
             }
         }
         for (name, backend) in &self.backend {

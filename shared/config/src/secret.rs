@@ -175,6 +175,7 @@ impl std::fmt::Debug for crate::SchedulerConfig {
             .field("seal_key_id", &self.seal_key_id)
             .field("seal_keys (ids)", &key_ids)
             .field("seal_keys_file", &self.seal_keys_file)
+            .field("nats", &self.nats)
             .finish_non_exhaustive()
     }
 }
@@ -187,7 +188,35 @@ impl std::fmt::Debug for crate::WorkerConfig {
             .field("worker_id", &self.worker_id)
             .field("token_key", &redacted(&self.token_key))
             .field("token_key_file", &self.token_key_file)
+            .field("nats", &self.nats)
             .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for crate::NatsAuthConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NatsAuthConfig")
+            .field("credentials_file", &self.credentials_file)
+            .field("user", &self.user)
+            .field("password", &redacted(&self.password))
+            .field("password_file", &self.password_file)
+            .field("nkey_seed_file", &self.nkey_seed_file)
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for crate::NatsAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            crate::NatsAuth::CredentialsFile(path) => {
+                f.debug_tuple("CredentialsFile").field(path).finish()
+            }
+            crate::NatsAuth::UserPassword { user, .. } => f
+                .debug_struct("UserPassword")
+                .field("user", user)
+                .finish_non_exhaustive(),
+            crate::NatsAuth::NKeySeed(_) => f.write_str("NKeySeed(..)"),
+        }
     }
 }
 
@@ -220,6 +249,9 @@ opensandbox = { url = "https://sb.example", api_key = "apikey-DDDD" }
 seal_key_id = "k1"
 [scheduler.seal_keys]
 k1 = "sealkey-EEEE"
+[scheduler.nats]
+user = "scheduler"
+password = "natspass-HHHH"
 [pod_worker]
 token_key = "tokenkey-FFFF"
 [vm_worker]
@@ -235,6 +267,7 @@ token_key = "tokenkey-GGGG"
             "sealkey-EEEE",
             "tokenkey-FFFF",
             "tokenkey-GGGG",
+            "natspass-HHHH",
         ] {
             assert!(!debug.contains(secret), "{secret} printed in {debug}");
         }

@@ -174,3 +174,105 @@ fn opensandbox_create_timeout_defaults_to_two_minutes_and_can_be_set() {
     let c = load_env(&text, &[]).expect("valid");
     assert_eq!(timeout(&c), Some(std::time::Duration::from_secs(2)));
 }
+
+#[test]
+fn each_service_picks_its_own_nats_user() {
+    let text = format!(
+        "{MINIMAL}\n[scheduler.nats]\nuser = \"scheduler\"\npassword = \"s-pass\"\n\n[reconciler.nats]\ncredentials_file = \"/run/r.creds\"\n"
+    );
+    let env = [
+        ("JETRUNNER__POD_WORKER__NATS__USER", "pod-worker"),
+        ("JETRUNNER__POD_WORKER__NATS__PASSWORD", "p-pass"),
+        ("JETRUNNER__NATS__CREDENTIALS_FILE", "/run/shared.creds"),
+    ];
+    let config = load_env(&text, &env).expect("valid");
+    assert_eq!(
+        config.nats_auth("scheduler").expect("resolves"),
+        Some(NatsAuth::UserPassword {
+            user: "scheduler".into(),
+            password: "s-pass".into()
+        })
+    );
+    assert_eq!(
+        config.nats_auth("pod_worker").expect("resolves"),
+        Some(NatsAuth::UserPassword {
+            user: "pod-worker".into(),
+            password: "p-pass".into()
+        })
+    );
+    assert_eq!(
+        config.nats_auth("reconciler").expect("resolves"),
+        Some(NatsAuth::CredentialsFile("/run/r.creds".into()))
+    );
+    // No table of its own: the shared credentials.
+    assert_eq!(
+        config.nats_auth("vm_worker").expect("resolves"),
+        Some(NatsAuth::CredentialsFile("/run/shared.creds".into()))
+    );
+    let debug = format!("{config:?}");
+    assert!(
+        !debug.contains("s-pass") && !debug.contains("p-pass"),
+        "{debug}"
+    );
+}
+
+#[test]
+fn a_nats_user_table_needs_exactly_one_complete_method() {
+    for (table, key) in [
+        ("user = \"a\"", "scheduler.nats.password"),
+        ("password = \"x\"", "scheduler.nats.user"),
+        ("user = \"\"\npassword = \"x\"", "scheduler.nats.user"),
+        (
+            "user = \"a\"\npassword = \"x\"\npassword_file = \"/p\"",
+            "scheduler.nats.password",
+        ),
+        (
+            "credentials_file = \"/c\"\nnkey_seed_file = \"/s\"",
+            "scheduler.nats",
+        ),
+        (
+            "user = \"a\"\npassword = \"x\"\ncredentials_file = \"/c\"",
+            "scheduler.nats",
+        ),
+        ("", "scheduler.nats"),
+        ("token = \"t\"", "scheduler.nats.token"),
+    ] {
+        let text = format!("{MINIMAL}\n[scheduler.nats]\n{table}\n");
+        let err = load_env(&text, &[]).expect_err(table);
+        assert!(
+            err.to_string().contains(&format!("`{key}`")),
+            "{table}: {err}"
+        );
+    }
+}
+
+#[cfg(unix)]
+#[test]
+fn a_nats_password_file_is_read_and_must_be_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("nats-password");
+    std::fs::write(&path, "file-pass\n").expect("write");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let text = format!(
+        "{MINIMAL}\n[vm_worker.nats]\nuser = \"vm-worker\"\npassword_file = \"{}\"\n",
+        path.display()
+    );
+    let config = load_env(&text, &[]).expect("valid");
+    assert_eq!(
+        config.nats_auth("vm_worker").expect("resolves"),
+        Some(NatsAuth::UserPassword {
+            user: "vm-worker".into(),
+            password: "file-pass".into()
+        })
+    );
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o664)).expect("chmod");
+    let err = config
+        .nats_auth("vm_worker")
+        .expect_err("shared file accepted");
+    assert!(
+        err.to_string().contains("vm_worker.nats.password_file"),
+        "{err}"
+    );
+    assert!(config.check_secret_files().is_err());
+}

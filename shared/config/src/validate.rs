@@ -34,6 +34,11 @@ impl Config {
         self.validate_facade()?;
         self.validate_backends()?;
         self.validate_routing()?;
+        for section in crate::SERVICE_SECTIONS {
+            if let Some(auth) = self.service_nats(section) {
+                validate_nats_auth(section, auth)?;
+            }
+        }
         if self.reconciler.max_attempts == 0 {
             return Err(ConfigError::key(
                 "reconciler.max_attempts",
@@ -228,5 +233,43 @@ impl Config {
             ));
         }
         Ok(())
+    }
+}
+
+/// One way to authenticate, complete: a credentials file, an nkey seed file, or a user with a
+/// password (inline or file).
+fn validate_nats_auth(section: &str, auth: &crate::NatsAuthConfig) -> Result<(), ConfigError> {
+    let key = |k: &str| format!("{section}.nats.{k}");
+    let password = auth.password.is_some() || auth.password_file.is_some();
+    if auth.password.is_some() && auth.password_file.is_some() {
+        return Err(ConfigError::key(
+            key("password"),
+            "give password or password_file, not both",
+        ));
+    }
+    let methods = [
+        auth.credentials_file.is_some(),
+        auth.nkey_seed_file.is_some(),
+        auth.user.is_some() || password,
+    ]
+    .into_iter()
+    .filter(|m| *m)
+    .count();
+    if methods != 1 {
+        return Err(ConfigError::key(
+            format!("{section}.nats"),
+            "give exactly one of credentials_file, nkey_seed_file, or user with password (or password_file)",
+        ));
+    }
+    match (&auth.user, password) {
+        (Some(user), _) if user.is_empty() => {
+            Err(ConfigError::key(key("user"), "must not be empty"))
+        }
+        (Some(_), false) => Err(ConfigError::key(
+            key("password"),
+            "a user needs password or password_file",
+        )),
+        (None, true) => Err(ConfigError::key(key("user"), "a password needs its user")),
+        _ => Ok(()),
     }
 }

@@ -114,12 +114,20 @@ where
         let (m, r, s) = (metrics.clone(), readiness.clone(), shutdown.clone());
         tokio::spawn(async move { jr_telemetry::serve_ops(listen, m, r, s).await })
     };
-    let credentials = config
-        .nats
-        .credentials_file
-        .clone()
-        .map(jr_bus::Credentials::File);
-    let bus = match jr_bus::Bus::connect(&config.nats.url, service, credentials).await {
+    let (role, credentials) = match nats_identity(service, &config) {
+        Ok(identity) => identity,
+        Err(e) => {
+            tracing::error!(error = %e, "NATS credentials");
+            return ExitCode::FAILURE;
+        }
+    };
+    let inbox = role
+        .as_ref()
+        .map(jr_bus::permissions::Role::inbox_prefix)
+        .unwrap_or_else(|| "_INBOX".to_owned());
+    let bus = match jr_bus::Bus::connect_with_inbox(&config.nats.url, service, credentials, &inbox)
+        .await
+    {
         Ok(b) => b,
         Err(e) => {
             tracing::error!(error = %e, "cannot connect to NATS");
@@ -151,6 +159,50 @@ where
             ExitCode::FAILURE
         }
     }
+}
+
+/// The NATS role of binary `service` (for its inbox prefix, which its user's permissions
+/// name) and its credentials: the service's own `[<section>.nats]` user, else
+/// `nats.credentials_file`. Unknown binaries (tools) get neither role nor credentials of a
+/// service.
+fn nats_identity(
+    service: &str,
+    config: &Config,
+) -> Result<
+    (
+        Option<jr_bus::permissions::Role>,
+        Option<jr_bus::Credentials>,
+    ),
+    anyhow::Error,
+> {
+    use jr_bus::permissions::Role;
+    let worker = |section: &jr_config::WorkerConfig, default: &str| {
+        let name = section
+            .backend
+            .clone()
+            .unwrap_or_else(|| default.to_owned());
+        jr_protocol_backend(&name).map(Role::Worker)
+    };
+    let (section, role) = match service {
+        "scheduler" => ("scheduler", Some(Role::Scheduler)),
+        "pod-worker" => ("pod_worker", worker(&config.pod_worker, "pod")),
+        "vm-worker" => ("vm_worker", worker(&config.vm_worker, "vm")),
+        "reconciler" => ("reconciler", Some(Role::Reconciler)),
+        _ => return Ok((None, None)),
+    };
+    let credentials = config.nats_auth(section)?.map(|auth| match auth {
+        jr_config::NatsAuth::CredentialsFile(path) => jr_bus::Credentials::File(path),
+        jr_config::NatsAuth::UserPassword { user, password } => {
+            jr_bus::Credentials::UserPassword { user, password }
+        }
+        jr_config::NatsAuth::NKeySeed(seed) => jr_bus::Credentials::NKeySeed(seed),
+    });
+    Ok((role, credentials))
+}
+
+/// A backend name from the config; an invalid one is reported by the worker itself.
+fn jr_protocol_backend(name: &str) -> Option<jr_bus::permissions::BackendName> {
+    jr_bus::permissions::BackendName::new(name.to_owned()).ok()
 }
 
 /// The stream limits configured under `[nats.streams]`, for [`jr_bus::Topology::stream_limits`].
