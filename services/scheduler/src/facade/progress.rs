@@ -23,6 +23,8 @@ pub(crate) struct Progress {
     /// The "executor finished reporting" signal was conveyed: by `terminal.log_closed` or by an
     /// `executor-finished` fact.
     pub finish_reported: bool,
+    /// The executor has had a report forwarded (it evidently holds its task).
+    pub reported: bool,
 }
 
 /// Whether a call reaches the forge.
@@ -71,13 +73,12 @@ impl Progress {
         self.terminal |= ledger_terminal;
     }
 
-    /// After terminal only a re-send of the same final result is admissible.
+    /// After terminal a heartbeat is admissible (the forge changes nothing on a final task and
+    /// answers with its final result, which is what stops a runner still going), and so is a
+    /// re-send of the same final result; another final result is not.
     pub fn admit_update_task(&self, requested: i32) -> Admission {
-        if !self.terminal {
+        if !self.terminal || requested == ForgeResult::Unspecified as i32 {
             return Admission::Forward;
-        }
-        if requested == ForgeResult::Unspecified as i32 {
-            return Admission::Refuse("task is already final; only its final state may be re-sent");
         }
         match self.final_request {
             Some(previous) if previous != requested => {
@@ -200,12 +201,13 @@ mod tests {
     }
 
     #[test]
-    fn after_terminal_only_the_same_final_result_is_admitted() {
+    fn after_terminal_only_the_same_final_result_or_a_heartbeat_is_admitted() {
         let mut p = Progress::default();
         p.terminal_recorded(SUCCESS, false);
         assert_eq!(p.admit_update_task(SUCCESS), Admission::Forward);
         assert!(matches!(p.admit_update_task(FAILURE), Admission::Refuse(_)));
-        assert!(matches!(p.admit_update_task(UNSPEC), Admission::Refuse(_)));
+        // A heartbeat learns the final result from the forge's answer.
+        assert_eq!(p.admit_update_task(UNSPEC), Admission::Forward);
         assert_eq!(p.after_update_task(SUCCESS, SUCCESS), FollowUp::Nothing);
     }
 

@@ -269,7 +269,21 @@ impl<L: Ledger> Facade<L> {
                 return Ok(no_task);
             }
         };
-        if view.claimed || view.terminal {
+        if view.terminal {
+            return Ok(no_task);
+        }
+        if view.claimed {
+            // The same executor asking again before it reported anything (a lost reply, a
+            // runner that restarted its poll) gets the same task; anyone else gets nothing.
+            let progress = self.progress_of(view.id);
+            let progress = progress.lock().await;
+            if progress.claimed_here && !progress.reported && progress.attempt == view.attempt {
+                return Ok(FetchTaskResponse {
+                    task: Some(self.open_task(&view)?),
+                    tasks_version: TASKS_VERSION,
+                    additional_tasks: Vec::new(),
+                });
+            }
             return Ok(no_task);
         }
         // Open the task before claiming, so a task that cannot be delivered is never claimed.
@@ -405,6 +419,15 @@ impl<L: Ledger> Facade<L> {
     fn forge_failed(&self, err: &ForgeError) -> RpcError {
         bump(&self.counters.forward_errors);
         tracing::info!(error = %err, kind = err.kind(), "forge refused a forwarded report");
+        if err.code() == Some(Code::Unauthenticated) {
+            // It is jetrunner's runner credential the forge refused, not the executor's: an
+            // executor told "unauthenticated" would give up; told "unavailable" it retries.
+            tracing::error!(error = %err, "the forge refused jetrunner's runner credentials");
+            return RpcError::new(
+                Code::Unavailable,
+                "the forge refused jetrunner's runner credentials; retry later",
+            );
+        }
         RpcError::forge(err)
     }
 
@@ -437,6 +460,7 @@ impl<L: Ledger> Facade<L> {
             .update_task(&request)
             .await
             .map_err(|err| self.forge_failed(&err))?;
+        progress.reported = true;
         let replied = reply.state.as_ref().map_or(0, |s| s.result);
         if let FollowUp::Terminal { result, log_closed } =
             progress.after_update_task(requested, replied)
@@ -493,6 +517,7 @@ impl<L: Ledger> Facade<L> {
             .update_log(&request)
             .await
             .map_err(|err| self.forge_failed(&err))?;
+        progress.reported = true;
         if progress.after_update_log(request.index, rows, request.no_more, reply.ack_index)
             == FollowUp::ExecutorFinished
         {
