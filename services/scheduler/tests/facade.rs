@@ -634,3 +634,21 @@ async fn with_token_keys_the_facade_checks_tokens_itself_and_ignores_hashes_on_t
     assert_eq!(refused(AuthRefusal::UnknownAssignment), 1);
     h.stop().await;
 }
+
+#[tokio::test]
+async fn fetch_task_is_held_while_the_assignment_is_not_visible_yet() {
+    let h = start().await;
+    // The id the assignment will have; it is stored only after the executor asked.
+    let id = AssignmentId::for_task("http://forge.test", 95);
+    let early = executor(&h.url, id, TOKEN);
+    let (task, _) = tokio::join!(fetch(&early), async {
+        tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+        add_assignment(&h, 95, Some(TOKEN))
+    });
+    assert_eq!(
+        task.map(|t| t.id),
+        Some(95),
+        "a one-job runner asking early still gets its task in that call"
+    );
+    h.stop().await;
+}
