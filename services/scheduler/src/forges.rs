@@ -10,7 +10,7 @@ use jr_forge::ForgeClient;
 use jr_protocol::BackendName;
 use tokio_util::sync::CancellationToken;
 
-use crate::registration::{RegistrationError, RunnerIdentity, establish};
+use crate::registration::{RegistrationError, RunnerIdentity, establish_declared};
 use crate::routing::Router;
 
 /// One forge registration and the backends it fetches for.
@@ -22,6 +22,8 @@ pub struct Registration {
     pub backends: Vec<BackendName>,
     /// Per-backend registrations route every task they fetch to their own backend.
     pub own_backend: Option<BackendName>,
+    /// The forge's capabilities header from this runner's Declare, relayed to executors.
+    pub capabilities: Option<String>,
 }
 
 /// Every registration, and which client speaks for which backend's tasks.
@@ -50,7 +52,16 @@ impl Forges {
             client,
             backends,
             own_backend: None,
+            capabilities: None,
         }])
+    }
+
+    /// The forge's capabilities header for executors of `backend`'s tasks.
+    pub fn capabilities(&self, backend: &BackendName) -> Option<&str> {
+        self.registrations
+            .iter()
+            .find(|r| r.backends.contains(backend))
+            .and_then(|r| r.capabilities.as_deref())
     }
 
     pub fn registrations(&self) -> &[Registration] {
@@ -80,7 +91,7 @@ impl Forges {
             RegistrationLayout::Shared => {
                 let backends: Vec<BackendName> =
                     config.enabled_backends().map(|(n, _)| n).collect();
-                let client = establish(
+                let (client, capabilities) = establish_declared(
                     forge,
                     &RunnerIdentity::shared(forge),
                     router.declared_labels(),
@@ -92,6 +103,7 @@ impl Forges {
                     client,
                     backends,
                     own_backend: None,
+                    capabilities,
                 });
             }
             RegistrationLayout::PerBackend => {
@@ -105,13 +117,15 @@ impl Forges {
                 }
                 for (name, backend) in config.enabled_backends() {
                     let identity = RunnerIdentity::per_backend(forge, name.as_str(), backend);
-                    let client =
-                        establish(forge, &identity, router.labels_of(&name), shutdown).await?;
+                    let (client, capabilities) =
+                        establish_declared(forge, &identity, router.labels_of(&name), shutdown)
+                            .await?;
                     registrations.push(Registration {
                         name: name.to_string(),
                         client,
                         backends: vec![name.clone()],
                         own_backend: Some(name),
+                        capabilities,
                     });
                 }
             }

@@ -13,6 +13,9 @@ use tokio_util::sync::CancellationToken;
 
 pub const RUNNER_VERSION: &str = concat!("jetrunner-", env!("CARGO_PKG_VERSION"));
 
+/// The forge's capabilities, on Declare replies (newer Gitea).
+pub const CAPABILITIES_HEADER: &str = "x-gitea-actions-capabilities";
+
 #[derive(Debug, thiserror::Error)]
 pub enum RegistrationError {
     #[error(
@@ -174,6 +177,19 @@ pub async fn establish(
     labels: &[String],
     shutdown: &CancellationToken,
 ) -> Result<ForgeClient, RegistrationError> {
+    establish_declared(cfg, identity, labels, shutdown)
+        .await
+        .map(|(client, _)| client)
+}
+
+/// [`establish`], also returning the forge's capabilities header of the `Declare` reply
+/// (`x-gitea-actions-capabilities`), which the facade relays to executors.
+pub async fn establish_declared(
+    cfg: &ForgeConfig,
+    identity: &RunnerIdentity,
+    labels: &[String],
+    shutdown: &CancellationToken,
+) -> Result<(ForgeClient, Option<String>), RegistrationError> {
     let anonymous =
         ForgeClient::new(&cfg.url, None, cfg.request_timeout).map_err(RegistrationError::Client)?;
     wait_for_forge(&anonymous, &identity.name, shutdown).await?;
@@ -227,10 +243,23 @@ pub async fn establish(
     };
     let mut delay = Duration::from_millis(200);
     loop {
-        match client.declare(&declare).await {
-            Ok(_) => {
-                tracing::info!(runner = %identity.name, ?labels, "declared labels to the forge");
-                return Ok(client);
+        match client
+            .call_raw(
+                jr_forge::wire::RUNNER_SERVICE,
+                "Declare",
+                &declare,
+                true,
+                &[],
+            )
+            .await
+        {
+            Ok((_, headers)) => {
+                let capabilities = headers
+                    .get(CAPABILITIES_HEADER)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned);
+                tracing::info!(runner = %identity.name, ?labels, ?capabilities, "declared labels to the forge");
+                return Ok((client, capabilities));
             }
             Err(e) if e.is_unregistered() => {
                 let remedy = match &identity.preset {

@@ -652,3 +652,42 @@ async fn fetch_task_is_held_while_the_assignment_is_not_visible_yet() {
     );
     h.stop().await;
 }
+
+#[tokio::test]
+async fn declare_relays_the_forges_capabilities_to_the_executor() {
+    let h = start().await;
+    let id = add_assignment(&h, 96, Some(TOKEN));
+    let mut settings = settings(AuthMode::Token, &h.forge_url, h.sealer.clone(), true);
+    let client = settings.forges.registrations()[0].client.clone();
+    settings.forges = jr_scheduler::forges::Forges::new(vec![jr_scheduler::forges::Registration {
+        name: "pod".into(),
+        client,
+        backends: vec![jr_protocol::BackendName::new("pod").expect("backend")],
+        own_backend: None,
+        capabilities: Some("cancelling".into()),
+    }]);
+    let facade = Arc::new(Facade::new(settings, h.ledger.clone()).expect("facade"));
+    let served = serve_facade(facade, None).await;
+    let response = reqwest::Client::new()
+        .post(format!(
+            "{}/api/actions/runner.v1.RunnerService/Declare",
+            served.url
+        ))
+        .header("content-type", "application/proto")
+        .header("x-runner-uuid", id.to_string())
+        .header("x-runner-token", TOKEN)
+        .body(Vec::new())
+        .send()
+        .await
+        .expect("declare");
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        response
+            .headers()
+            .get("x-gitea-actions-capabilities")
+            .and_then(|v| v.to_str().ok()),
+        Some("cancelling")
+    );
+    let _ = served.stop.send(());
+    h.stop().await;
+}

@@ -319,3 +319,17 @@ async fn forgejo_lost_fetch_reply_is_recovered_by_the_request_key() {
     let handed_out: std::collections::BTreeSet<i64> = snapshot.tasks.iter().map(|t| t.id).collect();
     assert_eq!(published, handed_out);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_forges_capabilities_are_kept_per_registration_for_the_facade() {
+    let behaviour = jr_fake_forge::Behaviour {
+        capabilities: Some("cancelling".into()),
+        ..Default::default()
+    };
+    let world = World::start_layout(forge_config(behaviour), &[], "per-backend", "").await;
+    let forges = world.establish().await;
+    for backend in ["pod", "vm"] {
+        let backend = BackendName::new(backend).expect("backend");
+        assert_eq!(forges.capabilities(&backend), Some("cancelling"));
+    }
+}

@@ -210,7 +210,26 @@ async fn runner_service<L: Ledger>(
         }
     };
     match method.as_str() {
-        "Declare" => unary(content_type, &body, |r| f.declare(&caller, auth, r)).await,
+        "Declare" => {
+            // Relay the forge's capabilities (newer runners read them from Declare).
+            let capabilities = match &auth {
+                Ok(Authenticated::Ready { view, .. }) => f
+                    .settings
+                    .forges
+                    .capabilities(&view.backend)
+                    .and_then(|c| http::HeaderValue::from_str(c).ok()),
+                _ => None,
+            };
+            let mut response = unary(content_type, &body, |r| f.declare(&caller, auth, r)).await;
+            if let Some(value) = capabilities
+                && response.status() == StatusCode::OK
+            {
+                response
+                    .headers_mut()
+                    .insert(crate::registration::CAPABILITIES_HEADER, value);
+            }
+            response
+        }
         "FetchTask" => unary(content_type, &body, |r| f.fetch_task(auth, r)).await,
         "UpdateTask" => unary(content_type, &body, |r| f.update_task(auth, r)).await,
         _ => unary(content_type, &body, |r| f.update_log(auth, r)).await,
