@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use jr_bus::testing::NatsServer;
+use jr_bus::permissions::{BackendName, Role};
+use jr_bus::testing::{NatsServer, ServiceUsers};
 use jr_fake_executor::{ExecutorConfig, run_one_shot};
 use jr_fake_forge::{FakeForge, JobSpec};
 use jr_fake_kube::{FakeKube, FaultRule, SimConfig};
@@ -94,7 +95,10 @@ pub struct Ports {
 pub struct System {
     pub spec: SystemSpec,
     pub dir: tempfile::TempDir,
+    /// Runs with the services' least-privilege users; connections without credentials (the
+    /// harness, scenario checks) are its full-rights user.
     pub nats: NatsServer,
+    pub nats_users: ServiceUsers,
     pub pg: PgCluster,
     pub database_url: String,
     pub forge: FakeForge,
@@ -133,7 +137,8 @@ impl System {
     pub async fn start(spec: SystemSpec) -> anyhow::Result<System> {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let dir = tempfile::Builder::new().prefix("jr-system-").tempdir()?;
-        let nats = NatsServer::start()
+        let backends = [BackendName::new("pod")?, BackendName::new("vm")?];
+        let (nats, nats_users) = NatsServer::start_with_users(&backends)
             .await
             .context("starting nats-server (need ≥ 2.10 on PATH)")?;
         let pg = PgCluster::start().await.context("starting PostgreSQL")?;
@@ -180,6 +185,7 @@ impl System {
             &sandbox.base_url(),
             &dir.path().join("runner.json").display().to_string(),
         );
+        let text = text + &service_users_toml(&nats_users, &backends);
         std::fs::write(&config_path, text)?;
         let args = vec!["--config".to_owned(), config_path.display().to_string()];
         let svc = |name: &str, port| -> anyhow::Result<ServiceProcess> {
@@ -202,6 +208,7 @@ impl System {
             spec,
             dir,
             nats,
+            nats_users,
             pg,
             database_url,
             forge,
@@ -215,7 +222,44 @@ impl System {
         for p in system.services_mut() {
             p.wait_ready(Duration::from_secs(60)).await?;
         }
+        system.check_nats_users().await?;
         Ok(system)
+    }
+
+    /// Every service is connected to NATS as its own user (not as the full-rights user that
+    /// connections without credentials get), as the server's `/connz` reports.
+    pub async fn check_nats_users(&self) -> anyhow::Result<()> {
+        let url = format!("{}/connz?auth=true&limit=1024", self.nats.monitor_url());
+        let connz: serde_json::Value = reqwest::get(&url).await?.json().await?;
+        let connections = connz["connections"].as_array().cloned().unwrap_or_default();
+        for (service, user) in [
+            ("scheduler", "scheduler"),
+            ("pod-worker", "pod-worker"),
+            ("vm-worker", "vm-worker"),
+            ("reconciler", "reconciler"),
+        ] {
+            let users: Vec<&str> = connections
+                .iter()
+                .filter(|c| c["name"].as_str() == Some(service))
+                .map(|c| c["authorized_user"].as_str().unwrap_or(""))
+                .collect();
+            anyhow::ensure!(
+                !users.is_empty() && users.iter().all(|u| *u == user),
+                "{service} is connected to NATS as {users:?}, expected user {user}"
+            );
+        }
+        Ok(())
+    }
+
+    /// The permission violations nats-server logged (a service used a subject its NATS user
+    /// may not use).
+    pub fn nats_permission_violations(&self) -> Vec<String> {
+        self.nats
+            .log()
+            .lines()
+            .filter(|l| l.contains("Violation"))
+            .map(str::to_owned)
+            .collect()
     }
 
     pub fn services_mut(&mut self) -> [&mut ServiceProcess; 4] {
@@ -390,6 +434,11 @@ impl System {
         if !self.sandbox.sandboxes().is_empty() {
             v.push(format!("{} sandboxes left", self.sandbox.sandboxes().len()));
         }
+        v.extend(
+            self.nats_permission_violations()
+                .into_iter()
+                .map(|l| format!("NATS refused a service: {l}")),
+        );
         v
     }
 
@@ -421,6 +470,25 @@ impl System {
             .map(|p| format!("--- {} ---\n{}\n", p.name, p.log_tail(30)))
             .collect()
     }
+}
+
+/// `[<service>.nats]` of every service: its own user with its password.
+fn service_users_toml(users: &ServiceUsers, backends: &[BackendName]) -> String {
+    Role::all(backends)
+        .iter()
+        .filter_map(|role| {
+            let section = match role {
+                Role::Scheduler => "scheduler".to_owned(),
+                Role::Worker(backend) => format!("{backend}_worker"),
+                Role::Reconciler => "reconciler".to_owned(),
+            };
+            let password = users.password(role)?;
+            Some(format!(
+                "\n[{section}.nats]\nuser = \"{}\"\npassword = \"{password}\"\n",
+                role.user()
+            ))
+        })
+        .collect()
 }
 
 #[allow(
