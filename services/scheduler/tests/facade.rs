@@ -691,3 +691,29 @@ async fn declare_relays_the_forges_capabilities_to_the_executor() {
     let _ = served.stop.send(());
     h.stop().await;
 }
+
+#[tokio::test]
+async fn job_summaries_are_checked_and_forwarded() {
+    let h = start().await;
+    let (_, executor) = claimed(&h, 97).await;
+    let summary = |task_id| jr_forge::proto::runner::v1::UpdateJobSummaryRequest {
+        task_id,
+        summary: "## all green".into(),
+    };
+    let call = |request| {
+        executor.call::<_, jr_forge::proto::runner::v1::UpdateJobSummaryResponse>(
+            jr_forge::wire::RUNNER_SERVICE,
+            "UpdateJobSummary",
+            request,
+            true,
+        )
+    };
+    let (foreign, own) = (summary(98), summary(97));
+    assert_eq!(code_of(call(&foreign).await), Code::PermissionDenied);
+    call(&own).await.expect("own summary forwarded");
+    assert_eq!(
+        h.forge.lock().expect("lock").summaries,
+        vec![(97, "## all green".to_owned())]
+    );
+    h.stop().await;
+}

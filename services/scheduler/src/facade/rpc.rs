@@ -12,7 +12,8 @@ use http::{StatusCode, header};
 use jr_forge::proto::ping::v1::{PingRequest, PingResponse};
 use jr_forge::proto::runner::v1::{
     DeclareRequest, DeclareResponse, FetchTaskRequest, FetchTaskResponse, Runner, Task,
-    UpdateLogRequest, UpdateLogResponse, UpdateTaskRequest, UpdateTaskResponse,
+    UpdateJobSummaryRequest, UpdateJobSummaryResponse, UpdateLogRequest, UpdateLogResponse,
+    UpdateTaskRequest, UpdateTaskResponse,
 };
 use jr_forge::wire::{
     API_PREFIX, CONTENT_TYPE_JSON, PING_SERVICE, RUNNER_SERVICE, decode_request, encode_response,
@@ -147,7 +148,7 @@ async fn runner_service<L: Ledger>(
             )
             .into_response();
         }
-        "Declare" | "FetchTask" | "UpdateTask" | "UpdateLog" => {}
+        "Declare" | "FetchTask" | "UpdateTask" | "UpdateLog" | "UpdateJobSummary" => {}
         _ => return StatusCode::NOT_FOUND.into_response(),
     }
     let (parts, body) = request.into_parts();
@@ -232,7 +233,8 @@ async fn runner_service<L: Ledger>(
         }
         "FetchTask" => unary(content_type, &body, |r| f.fetch_task(auth, r)).await,
         "UpdateTask" => unary(content_type, &body, |r| f.update_task(auth, r)).await,
-        _ => unary(content_type, &body, |r| f.update_log(auth, r)).await,
+        "UpdateLog" => unary(content_type, &body, |r| f.update_log(auth, r)).await,
+        _ => unary(content_type, &body, |r| f.update_job_summary(auth, r)).await,
     }
 }
 
@@ -525,6 +527,25 @@ impl<L: Ledger> Facade<L> {
             }
         }
         Ok(reply)
+    }
+
+    /// Forgejo's job summary: checked like the other reports, forwarded unchanged.
+    async fn update_job_summary(
+        &self,
+        auth: Result<Authenticated, AuthFailure>,
+        request: UpdateJobSummaryRequest,
+    ) -> Result<UpdateJobSummaryResponse, RpcError> {
+        let view = self.reporting_caller(auth, request.task_id).await?;
+        bump(&self.counters.forwarded_calls);
+        self.forge_of(&view)?
+            .call(
+                jr_forge::wire::RUNNER_SERVICE,
+                "UpdateJobSummary",
+                &request,
+                true,
+            )
+            .await
+            .map_err(|err| self.forge_failed(&err))
     }
 
     async fn update_log(

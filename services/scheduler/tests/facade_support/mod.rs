@@ -40,6 +40,8 @@ pub fn install_crypto() {
 pub struct ForgeState {
     pub update_tasks: Vec<UpdateTaskRequest>,
     pub update_logs: Vec<UpdateLogRequest>,
+    /// Forgejo job summaries received: (task id, summary).
+    pub summaries: Vec<(i64, String)>,
     /// Final result per task id (sticky, as in Gitea).
     pub results: BTreeMap<i64, i32>,
     /// Rows stored per task id.
@@ -129,6 +131,24 @@ async fn update_log(State(forge): State<Forge>, headers: HeaderMap, body: Bytes)
     proto(&UpdateLogResponse { ack_index: *stored })
 }
 
+async fn update_job_summary(
+    State(forge): State<Forge>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if let Some(refusal) = precheck(&forge, &headers) {
+        return refusal;
+    }
+    let request = jr_forge::proto::runner::v1::UpdateJobSummaryRequest::decode(body)
+        .expect("UpdateJobSummaryRequest");
+    forge
+        .lock()
+        .expect("lock")
+        .summaries
+        .push((request.task_id, request.summary));
+    proto(&jr_forge::proto::runner::v1::UpdateJobSummaryResponse {})
+}
+
 /// Echoes the request body back as a stream, with a marker header.
 async fn artifact(
     State(forge): State<Forge>,
@@ -165,6 +185,10 @@ pub async fn start_forge() -> (String, Forge) {
         .route(
             "/api/actions/runner.v1.RunnerService/UpdateLog",
             post(update_log),
+        )
+        .route(
+            "/api/actions/runner.v1.RunnerService/UpdateJobSummary",
+            post(update_job_summary),
         )
         .route("/_apis/{*rest}", any(artifact))
         .route("/api/actions_pipeline/{*rest}", any(artifact))
