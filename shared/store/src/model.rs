@@ -254,7 +254,10 @@ impl AssignmentRecord {
             .filter(|t| t.result.is_some())
             .and_then(|t| t.source);
         match (terminal_source, &self.failure) {
-            (Some(TerminalSource::Executor), _) => Some(Outcome::Reported),
+            // Withdrawn: the forge itself ended the task, so it holds the final state.
+            (Some(TerminalSource::Executor | TerminalSource::Withdrawn), _) => {
+                Some(Outcome::Reported)
+            }
             (Some(TerminalSource::FailTask), _) | (None, Some(_)) => Some(Outcome::FailedByUs),
             (None, None) => None,
         }

@@ -78,6 +78,7 @@ fn source_str(source: TerminalSource) -> &'static str {
     match source {
         TerminalSource::Executor => "executor",
         TerminalSource::FailTask => "fail-task",
+        TerminalSource::Withdrawn => "withdrawn",
     }
 }
 
@@ -85,6 +86,7 @@ fn parse_source(text: &str) -> Result<TerminalSource, StoreError> {
     match text {
         "executor" => Ok(TerminalSource::Executor),
         "fail-task" => Ok(TerminalSource::FailTask),
+        "withdrawn" => Ok(TerminalSource::Withdrawn),
         other => Err(StoreError::decode(
             "terminal_markers",
             format!("unknown source {other:?}"),
