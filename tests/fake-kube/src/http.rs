@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 
 use crate::Shared;
-use crate::store::{ApiError, LabelSelector, Resource};
+use crate::store::{ApiError, Expired, LabelSelector, Resource};
 
 type Params = Query<HashMap<String, String>>;
 
@@ -254,6 +254,21 @@ struct WatchStream {
     unavailable: watch::Receiver<bool>,
     deadline: tokio::time::Instant,
     bookmarks: bool,
+    /// The `410` error was queued: end after sending it.
+    expired: bool,
+}
+
+/// The Status of a watch whose resourceVersion was compacted away.
+fn expired_status(asked: u64, expired: Expired) -> Value {
+    ApiError::new(
+        410,
+        "Expired",
+        format!(
+            "too old resource version: {asked} ({})",
+            expired.oldest.saturating_add(1)
+        ),
+    )
+    .status_json()
 }
 
 /// How often an idle watch with `allowWatchBookmarks=true` gets a BOOKMARK.
@@ -261,19 +276,32 @@ const BOOKMARK_EVERY: Duration = Duration::from_secs(2);
 
 impl WatchStream {
     /// Queues every matching event after the cursor and moves the cursor to the newest version.
+    /// When the history after the cursor was compacted away, queues an `ERROR` event with a
+    /// `410 Expired` status and ends the stream, as the API server does.
     fn collect(&mut self) {
         let filter = &self.filter;
+        let cursor = self.cursor;
         let (lines, rv) = self.shared.with_store(|s| {
-            let lines: Vec<Bytes> = s
-                .events_after(self.cursor)
-                .iter()
-                .filter(|e| filter.matches(e.resource, &e.namespace, &e.object))
-                .map(|e| event_line(e.event_type.as_str(), &e.object))
-                .collect();
+            let lines: Result<Vec<Bytes>, Expired> = s.events_after(cursor).map(|events| {
+                events
+                    .iter()
+                    .filter(|e| filter.matches(e.resource, &e.namespace, &e.object))
+                    .map(|e| event_line(e.event_type.as_str(), &e.object))
+                    .collect()
+            });
             (lines, s.resource_version())
         });
-        self.pending.extend(lines);
-        self.cursor = rv;
+        match lines {
+            Ok(lines) => {
+                self.pending.extend(lines);
+                self.cursor = rv;
+            }
+            Err(expired) => {
+                self.pending
+                    .push_back(event_line("ERROR", &expired_status(cursor, expired)));
+                self.expired = true;
+            }
+        }
     }
 
     fn bookmark(&self) -> Bytes {
@@ -292,6 +320,9 @@ impl WatchStream {
             }
             if let Some(line) = self.pending.pop_front() {
                 return Some(line);
+            }
+            if self.expired {
+                return None;
             }
             tokio::select! {
                 () = tokio::time::sleep_until(self.deadline) => return None,
@@ -332,11 +363,15 @@ fn watch_response(
         unavailable,
         deadline: tokio::time::Instant::now() + timeout,
         bookmarks,
+        expired: false,
         filter,
         shared: shared.clone(),
     };
     match since {
         Some(rv) => {
+            if let Err(expired) = shared.with_store(|s| s.events_after(rv).map(|_| ())) {
+                return reply(StatusCode::GONE, &expired_status(rv, expired));
+            }
             stream.cursor = rv;
             stream.collect();
         }

@@ -209,7 +209,7 @@ impl FakeKube {
             .local_addr()
             .map_err(|source| FakeKubeError::Bind { addr, source })?;
         let shared = Arc::new(Shared {
-            store: Mutex::new(Store::default()),
+            store: Mutex::new(Store::with_history_limit(config.watch_history)),
             changed: watch::Sender::new(0),
             unavailable: watch::Sender::new(false),
             rng: Mutex::new(rand::rngs::StdRng::seed_from_u64(config.seed)),

@@ -113,6 +113,9 @@ pub struct SimConfig {
     /// Zero: a deleted Pod disappears at once. Otherwise it is Terminating (deletionTimestamp set)
     /// for this long first.
     pub delete_grace: Duration,
+    /// Watch events kept for replay (0: all). Older resourceVersions get `410 Gone`, as after
+    /// etcd compaction; clients must relist.
+    pub watch_history: usize,
 }
 
 impl Default for SimConfig {
@@ -124,6 +127,7 @@ impl Default for SimConfig {
             faults: Vec::new(),
             seed: 7,
             delete_grace: Duration::ZERO,
+            watch_history: 0,
         }
     }
 }
@@ -136,6 +140,7 @@ impl std::fmt::Debug for SimConfig {
             .field("runner", &self.runner.is_some())
             .field("faults", &self.faults)
             .field("delete_grace", &self.delete_grace)
+            .field("watch_history", &self.watch_history)
             .finish()
     }
 }
@@ -146,11 +151,15 @@ impl SimConfig {
         Self::default()
     }
 
-    /// A kubelet that runs every Pod with `runner`.
+    /// A kubelet that runs every Pod with `runner`, as strict as a real cluster in what matters
+    /// to a client: deleted Pods stay Terminating for a grace period, and the watch history is
+    /// compacted (a resumed watch may get `410 Gone` and must relist).
     pub fn simulated(runner: PodRunner) -> Self {
         Self {
             simulate: true,
             runner: Some(runner),
+            delete_grace: Duration::from_millis(300),
+            watch_history: 64,
             ..Self::default()
         }
     }

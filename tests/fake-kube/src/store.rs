@@ -222,6 +222,17 @@ pub struct Store {
     objects: BTreeMap<Key, Value>,
     events: Vec<StoredEvent>,
     records: Records,
+    /// Keep at most this many events for watch replay (0: keep all). Like etcd compaction, a
+    /// watch from an older resourceVersion is answered `410 Gone` and must relist.
+    history_limit: usize,
+    /// The newest resourceVersion whose event was compacted away.
+    compacted: u64,
+}
+
+/// The watch asked to resume from a resourceVersion that was compacted away.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Expired {
+    pub oldest: u64,
 }
 
 pub fn is_jetrunner(object: &Value) -> bool {
@@ -278,6 +289,26 @@ impl Store {
         self.records.clone()
     }
 
+    /// A store keeping at most `limit` events for watch replay (0: all).
+    pub fn with_history_limit(limit: usize) -> Self {
+        Self {
+            history_limit: limit,
+            ..Self::default()
+        }
+    }
+
+    /// Drops the oldest events beyond the history limit.
+    fn compact(&mut self) {
+        if self.history_limit == 0 || self.events.len() <= self.history_limit {
+            return;
+        }
+        let drop = self.events.len() - self.history_limit;
+        if let Some(last) = self.events.get(drop - 1) {
+            self.compacted = self.compacted.max(last.resource_version);
+        }
+        self.events.drain(..drop);
+    }
+
     fn bump(&mut self) -> u64 {
         self.resource_version += 1;
         self.resource_version
@@ -297,6 +328,7 @@ impl Store {
             event_type,
             object: object.clone(),
         });
+        self.compact();
     }
 
     fn recount_live(&mut self) {
@@ -331,12 +363,18 @@ impl Store {
             .collect()
     }
 
-    /// Events after `resource_version`, oldest first.
-    pub fn events_after(&self, resource_version: u64) -> &[StoredEvent] {
+    /// Events after `resource_version`, oldest first; [`Expired`] when some of them were
+    /// compacted away.
+    pub fn events_after(&self, resource_version: u64) -> Result<&[StoredEvent], Expired> {
+        if resource_version < self.compacted {
+            return Err(Expired {
+                oldest: self.compacted,
+            });
+        }
         let start = self
             .events
             .partition_point(|e| e.resource_version <= resource_version);
-        &self.events[start..]
+        Ok(&self.events[start..])
     }
 
     pub fn create(
@@ -680,6 +718,7 @@ mod tests {
         assert!(store.get(Resource::Secrets, "ns", "p").is_err());
         let kinds: Vec<_> = store
             .events_after(before)
+            .expect("not compacted")
             .iter()
             .map(|e| (e.resource, e.event_type))
             .collect();
@@ -699,5 +738,22 @@ mod tests {
         let mut target = json!({"a": {"b": 1, "c": 2}, "l": [1, 2]});
         merge_patch(&mut target, &json!({"a": {"b": null, "d": 3}, "l": [3]}));
         assert_eq!(target, json!({"a": {"c": 2, "d": 3}, "l": [3]}));
+    }
+
+    #[test]
+    fn compacted_history_answers_expired_for_older_versions() {
+        let mut store = Store::with_history_limit(2);
+        let start = store.resource_version();
+        for name in ["a", "b", "c"] {
+            store
+                .create(Resource::Secrets, "ns", json!({"metadata": {"name": name}}))
+                .expect("create");
+        }
+        assert_eq!(
+            store.events_after(start).map(<[StoredEvent]>::len),
+            Err(Expired { oldest: start + 1 })
+        );
+        let kept = store.events_after(start + 1).expect("still replayable");
+        assert_eq!(kept.len(), 2);
     }
 }

@@ -149,3 +149,43 @@ async fn watch_replays_events_after_the_given_version_and_ends_at_its_timeout() 
         expected.map(|(t, n)| (t.to_owned(), n.to_owned())).to_vec()
     );
 }
+
+#[tokio::test]
+async fn a_watch_from_a_compacted_version_is_410_gone() {
+    let kube = FakeKube::start(SimConfig {
+        watch_history: 2,
+        ..SimConfig::passive()
+    })
+    .await
+    .expect("fake kube");
+    kube.create_pod("ns", pod("first")).expect("pod");
+    let since = kube.resource_version();
+    for name in ["a", "b", "c", "d"] {
+        kube.create_pod("ns", pod(name)).expect("pod");
+    }
+    let url = format!(
+        "{}/api/v1/namespaces/ns/pods?watch=true&resourceVersion={since}&timeoutSeconds=1",
+        kube.url()
+    );
+    let answer = http().get(url).send().await.expect("watch");
+    assert_eq!(answer.status(), 410);
+    let status: Value = answer.json().await.expect("status body");
+    assert_eq!(status["reason"], "Expired");
+    assert_eq!(status["code"], 410);
+
+    // A recent version still replays.
+    let recent = kube.resource_version() - 1;
+    let url = format!(
+        "{}/api/v1/namespaces/ns/pods?watch=true&resourceVersion={recent}&timeoutSeconds=1",
+        kube.url()
+    );
+    let body = http()
+        .get(url)
+        .send()
+        .await
+        .expect("watch")
+        .text()
+        .await
+        .expect("body");
+    assert_eq!(body.lines().count(), 1, "{body}");
+}
