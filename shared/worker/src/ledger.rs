@@ -17,9 +17,9 @@ pub(crate) struct Ledger {
     store: kv::Store,
 }
 
-/// `JR_WORKLOADS_<backend>`.
+/// `JR_WORKLOADS_<backend>`: the one name the worker's NATS permissions grant.
 pub(crate) fn bucket_name(backend: &BackendName) -> String {
-    format!("JR_WORKLOADS_{backend}")
+    jr_bus::permissions::worker_bucket(backend)
 }
 
 /// `<assignment>.<attempt>.<workload>`; `None` for a workload name a key cannot carry.
