@@ -399,6 +399,16 @@ fn files_the_config_names_are_mounted_for_the_services_that_read_them() {
             "nats.credentials_file",
             config.nats.credentials_file.as_ref(),
         );
+        // Each service's own NATS user: its secret files must be mounted in its Deployment.
+        if let Some(auth) = config.service_nats(&service.replace('-', "_")) {
+            for (key, path) in [
+                ("nats.credentials_file", &auth.credentials_file),
+                ("nats.password_file", &auth.password_file),
+                ("nats.nkey_seed_file", &auth.nkey_seed_file),
+            ] {
+                want(service, key, path.as_ref());
+            }
+        }
     }
     // The k8s config reads its secrets from files, so this list is not empty.
     assert!(wanted.len() >= 6, "{wanted:?}");
@@ -421,8 +431,21 @@ fn files_the_config_names_are_mounted_for_the_services_that_read_them() {
     assert!(
         !secrets_of("reconciler")
             .iter()
-            .any(|s| s != "jetrunner-database")
+            .any(|s| s != "jetrunner-database" && s != "jetrunner-nats-reconciler")
     );
+    // A service's NATS password is mounted by that service alone.
+    for service in SERVICES {
+        for other in SERVICES.iter().filter(|o| **o != service) {
+            assert!(
+                !secrets_of(service).contains(&format!("jetrunner-nats-{other}")),
+                "{service} mounts the NATS password of {other}"
+            );
+        }
+        assert!(
+            secrets_of(service).contains(&format!("jetrunner-nats-{service}")),
+            "{service} does not mount its own NATS password"
+        );
+    }
     for service in ["pod-worker", "vm-worker", "reconciler"] {
         assert!(
             !secrets_of(service).contains("jetrunner-scheduler"),
