@@ -472,6 +472,31 @@ impl System {
     }
 }
 
+/// A scenario's NATS log outlives it when `JR_SCENARIO_NATS_LOGS` names a directory (to audit a
+/// whole suite for permission violations); violations are always printed.
+impl Drop for System {
+    fn drop(&mut self) {
+        for line in self.nats_permission_violations() {
+            eprintln!("NATS refused a service: {line}");
+        }
+        if let Some(dir) = std::env::var_os("JR_SCENARIO_NATS_LOGS") {
+            let dir = std::path::PathBuf::from(dir);
+            let name = format!(
+                "nats-{}-{}.log",
+                std::process::id(),
+                self.dir
+                    .path()
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default()
+            );
+            if std::fs::create_dir_all(&dir).is_ok() {
+                let _ = std::fs::write(dir.join(name), self.nats.log());
+            }
+        }
+    }
+}
+
 /// `[<service>.nats]` of every service: its own user with its password.
 fn service_users_toml(users: &ServiceUsers, backends: &[BackendName]) -> String {
     Role::all(backends)
