@@ -13,6 +13,7 @@ use jr_protocol::{
 };
 
 use crate::facade::{AssignmentView, Ledger, LedgerError};
+use crate::seal::Sealer;
 use crate::unclaimed::Unclaimed;
 
 /// Facts that never change once seen are cached; everything else is read each time.
@@ -27,15 +28,23 @@ pub struct JetStreamLedger {
     backends: Vec<BackendName>,
     /// Tasks waiting for a claim; a claim or terminal settles them.
     unclaimed: Arc<Unclaimed>,
+    /// Tells the scheduler's own assignments from anything else stored on their subjects.
+    sealer: Arc<Sealer>,
     sticky: Mutex<HashMap<AssignmentId, Sticky>>,
 }
 
 impl JetStreamLedger {
-    pub fn new(bus: Bus, backends: Vec<BackendName>, unclaimed: Arc<Unclaimed>) -> Self {
+    pub fn new(
+        bus: Bus,
+        backends: Vec<BackendName>,
+        unclaimed: Arc<Unclaimed>,
+        sealer: Arc<Sealer>,
+    ) -> Self {
         Self {
             bus,
             backends,
             unclaimed,
+            sealer,
             sticky: Mutex::new(HashMap::new()),
         }
     }
@@ -63,6 +72,34 @@ impl JetStreamLedger {
             .await
             .map(|m| m.map(|(_, e)| e))
             .map_err(LedgerError::unavailable)
+    }
+
+    /// The scheduler's own latest assignment on `backend`'s subject for `id`. Anything else
+    /// stored there last (garbage, a forgery) does not hide it: the subject's history is read
+    /// for the latest message whose seal opens for its assignment and forge task.
+    async fn genuine_assignment(
+        &self,
+        backend: &BackendName,
+        id: AssignmentId,
+    ) -> Result<Option<Envelope>, LedgerError> {
+        let subject = subject::assignment(backend, id);
+        match self.bus.last_on_subject(STREAM_ASSIGNMENTS, &subject).await {
+            Ok(None) => return Ok(None),
+            Ok(Some((_, e))) if crate::redispatch::sealed_by(&self.sealer, &e).is_ok() => {
+                return Ok(Some(e));
+            }
+            Ok(Some(_)) | Err(jr_bus::BusError::DecodeLast { .. }) => {
+                tracing::warn!(assignment = %id, %subject, "the last message on the assignment subject is not the scheduler's; reading its history");
+            }
+            Err(e) => return Err(LedgerError::unavailable(e)),
+        }
+        let history = crate::redispatch::history(&self.bus, &subject)
+            .await
+            .map_err(|e| LedgerError::unavailable(e.to_string()))?;
+        Ok(history
+            .into_iter()
+            .rev()
+            .find(|e| crate::redispatch::sealed_by(&self.sealer, e).is_ok()))
     }
 
     async fn exists(
@@ -98,10 +135,7 @@ impl JetStreamLedger {
 impl Ledger for JetStreamLedger {
     async fn lookup(&self, id: AssignmentId) -> Result<Option<AssignmentView>, LedgerError> {
         for backend in &self.backends {
-            let Some(envelope) = self
-                .last(STREAM_ASSIGNMENTS, &subject::assignment(backend, id))
-                .await?
-            else {
+            let Some(envelope) = self.genuine_assignment(backend, id).await? else {
                 continue;
             };
             let Message::Assignment(assignment) = envelope.message else {

@@ -168,12 +168,12 @@ pub async fn run(
             trust_domain: config.facade.trust_domain.clone(),
             forges: forges.clone(),
             forge_base_url: config.forge.url.clone(),
-            sealer,
+            sealer: sealer.clone(),
             token_keys: token_keys_from_config(&config)?,
             limits: (&config.facade).into(),
             insecure_plain_http: config.facade.insecure_plain_http,
         },
-        JetStreamLedger::new(bus.clone(), backends, unclaimed.clone()),
+        JetStreamLedger::new(bus.clone(), backends, unclaimed.clone(), sealer.clone()),
     )?);
     if let Some(metrics) = metrics {
         metrics
