@@ -7,6 +7,9 @@ source scripts/lib.sh
 ensure_nats_server
 ensure_postgres
 
+# Formatting and lints first: cheap, and a failure here needs no test run to explain it.
+cargo fmt --all --check
+cargo clippy --workspace --all-targets -- -D warnings
 # The scenario tests start the service binaries as processes.
 cargo build --workspace --bins
 # Library, integration and property tests (parallel within each test binary).

@@ -69,7 +69,7 @@ pub fn token_keys_from_config(
         {
             Some(text) => {
                 let parsed =
-                    jr_worker::TokenKey::from_base64(&text).with_context(|| format!("{key}"))?;
+                    jr_worker::TokenKey::from_base64(&text).with_context(|| key.clone())?;
                 keys.insert(name, parsed);
             }
             None => missing.push(name),
