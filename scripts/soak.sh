@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Long runs kept out of CI: chaos with several fresh seeds, the issue-sized worker scenarios
+# (500 jobs), 50 scheduler kills between the forge's reply and the PubAck, and the worker's
+# property tests at 10,000 cases per property. Every seed used is printed, so a failure replays
+# with JR_CHAOS_SEED=<seed>.
+#
+#   scripts/soak.sh            # all of it (about an hour on 2 cores)
+#   SOAK_SEEDS=3 scripts/soak.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/lib.sh
+ensure_nats_server
+ensure_postgres
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/jetrunner-target}"
+
+cargo build --workspace --bins
+JR_PROPTEST_CASES=10000 cargo test -p jr-worker --test properties
+JR_PACING_CRASHES=50 cargo test -p jr-scenarios --test pacing forgejo -- --test-threads=1 --nocapture
+cargo test -p jr-scenarios --test workers -- --ignored --test-threads=1
+for _ in $(seq "${SOAK_SEEDS:-5}"); do
+  JR_CHAOS_SEED=random cargo test -p jr-scenarios --test chaos -- --test-threads=1 --nocapture
+done
