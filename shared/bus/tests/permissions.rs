@@ -321,6 +321,7 @@ async fn each_service_does_its_own_work_and_is_refused_outside_its_permissions()
     for subject in [
         forged_assignment.clone(),
         subject::event(&backend("vm"), other, Kind::WorkloadCreated),
+        subject::event(&backend("vm"), other, Kind::Claimed),
         pod_event(Kind::Claimed),
         pod_event(Kind::Terminal),
         pod_event(Kind::TaskFailed),
