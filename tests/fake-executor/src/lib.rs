@@ -55,6 +55,9 @@ pub struct ExecutorConfig {
     pub labels: Vec<String>,
     /// forgejo-runner `one-job`: one Declare and one FetchTask; no task is not waited for.
     pub single_fetch: bool,
+    /// forgejo-runner's reporting: a FAILURE reply stops the job as CANCELLED does, and the
+    /// final result is sent before the last log upload.
+    pub forgejo_reporting: bool,
 }
 
 impl ExecutorConfig {
@@ -74,6 +77,7 @@ impl ExecutorConfig {
             misbehaviour: None,
             labels: Vec::new(),
             single_fetch: false,
+            forgejo_reporting: false,
         }
     }
 }

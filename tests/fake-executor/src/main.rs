@@ -133,6 +133,7 @@ fn runner_start(flavour: Flavour, args: &[String]) -> Result<RunnerStart, Execut
     ))?;
     cfg.labels = registration.label_names();
     cfg.single_fetch = flavour == Flavour::ForgejoRunner;
+    cfg.forgejo_reporting = flavour == Flavour::ForgejoRunner;
     Ok(RunnerStart::Run(cfg))
 }
 

@@ -59,14 +59,21 @@ pub(crate) async fn run_task(
             TaskResult::Failure
         }
     };
-    let final_log_sent = if cfg.misbehaviour == Some(Misbehaviour::NoFinalLog) {
-        false
-    } else {
+    let send_log = cfg.misbehaviour != Some(Misbehaviour::NoFinalLog);
+    if send_log {
         run.log
             .push(format!("Job finished: {}", result.as_str_name()));
-        run.send_final_log().await?
+    }
+    // act_runner closes the log first; forgejo-runner reports the result first, so the facade
+    // sees `terminal` before the log is closed.
+    let (final_log_sent, reply) = if cfg.forgejo_reporting {
+        let reply = run.send_final_state(result).await?;
+        let sent = send_log && run.send_final_log().await?;
+        (sent, reply)
+    } else {
+        let sent = send_log && run.send_final_log().await?;
+        (sent, run.send_final_state(result).await?)
     };
-    let reply = run.send_final_state(result).await?;
     Ok(TaskReport {
         task_id: task.id,
         final_result: result,
@@ -188,7 +195,12 @@ impl TaskRun<'_> {
     fn absorb(&mut self, reply: &UpdateTaskResponse) {
         self.acknowledged_outputs
             .extend(reply.sent_outputs.iter().cloned());
-        if reply_result(reply) == TaskResult::Cancelled && !self.cancelled {
+        let stop = match reply_result(reply) {
+            TaskResult::Cancelled => true,
+            TaskResult::Failure => self.cfg.forgejo_reporting,
+            _ => false,
+        };
+        if stop && !self.cancelled {
             tracing::info!(task_id = self.reported_id, "forge cancelled the task");
             self.cancelled = true;
         }

@@ -409,3 +409,43 @@ async fn binary_without_its_environment_exits_one() {
         .expect("spawn");
     assert_eq!(status.code(), Some(1));
 }
+
+#[tokio::test]
+async fn forgejo_reporting_sends_the_result_before_closing_the_log_and_stops_on_failure() {
+    let (facade, url) = start(Knobs::default(), &[]).await;
+    let mut cfg = config(&url);
+    cfg.forgejo_reporting = true;
+    let report = finished(run(cfg).await.expect("run"));
+    assert_eq!(report.final_result, TaskResult::Success);
+    {
+        let r = facade.recorded.lock().expect("lock");
+        let final_update = r
+            .calls
+            .iter()
+            .position(
+                |c| matches!(c, Call::Update { result, .. } if *result != TaskResult::Unspecified),
+            )
+            .expect("final UpdateTask");
+        let final_log = r
+            .calls
+            .iter()
+            .rposition(|c| matches!(c, Call::Log { no_more: true, .. }))
+            .expect("final UpdateLog");
+        assert!(
+            final_update < final_log,
+            "result first, then the last log upload"
+        );
+    }
+
+    // A reaper failed the task: forgejo-runner stops on FAILURE as act_runner does on CANCELLED.
+    let knobs = Knobs {
+        fail_after_updates: Some(1),
+        ..Knobs::default()
+    };
+    let (_, url) = start(knobs, &[(VAR_STEPS, "5"), (VAR_DURATION_MS, "20000")]).await;
+    let mut cfg = config(&url);
+    cfg.forgejo_reporting = true;
+    let report = finished(run(cfg).await.expect("run"));
+    assert!(report.cancelled, "stopped on the FAILURE reply");
+    assert_eq!(report.forge_result, TaskResult::Failure);
+}

@@ -30,6 +30,8 @@ pub struct Knobs {
     pub no_task: bool,
     /// The task is cancelled server-side once this many UpdateTask calls were received.
     pub cancel_after_updates: Option<usize>,
+    /// The task is failed server-side (a reaper) once this many UpdateTask calls were received.
+    pub fail_after_updates: Option<usize>,
     /// Store at most this many rows per UpdateLog (forces the client to resend the rest).
     pub max_rows_per_call: Option<usize>,
     /// Answer `unavailable` to every UpdateLog without `no_more` (rows pile up client-side).
@@ -205,6 +207,9 @@ async fn update_task(State(f): State<Shared>, headers: HeaderMap, body: Bytes) -
     r.updates += 1;
     if f.knobs.cancel_after_updates.is_some_and(|n| r.updates >= n) && r.result.is_none() {
         r.result = Some(TaskResult::Cancelled);
+    }
+    if f.knobs.fail_after_updates.is_some_and(|n| r.updates >= n) && r.result.is_none() {
+        r.result = Some(TaskResult::Failure);
     }
     let is_final = result != TaskResult::Unspecified;
     if is_final {
