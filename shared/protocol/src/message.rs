@@ -198,6 +198,15 @@ pub struct Assignment {
     pub sealed_task: SealedTask,
 }
 
+impl Assignment {
+    /// The job's time limit less the time it already waited since the fetch: the forge's
+    /// endless-task clock started when the task was handed out, not when a workload starts.
+    pub fn remaining_secs(&self, now_ms: u64) -> u64 {
+        let queued_secs = now_ms.saturating_sub(self.fetched_at) / 1000;
+        self.max_duration_secs.saturating_sub(queued_secs)
+    }
+}
+
 /// Published before the workload can start: the token hash becomes durable before any executor
 /// can present the token: the facade must be able to authenticate the executor's first call
 /// (docs/architecture.md, "The workers").

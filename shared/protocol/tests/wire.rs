@@ -226,3 +226,17 @@ proptest! {
         prop_assert!(decode(&bytes[..keep]).is_err());
     }
 }
+
+#[test]
+fn queue_time_is_taken_from_the_jobs_time_limit() {
+    let Some(Message::Assignment(mut a)) = samples().into_iter().next().map(|e| e.message) else {
+        panic!("the first sample is an assignment");
+    };
+    a.fetched_at = 1_000_000;
+    a.max_duration_secs = 3600;
+    assert_eq!(a.remaining_secs(1_000_000), 3600);
+    assert_eq!(a.remaining_secs(1_000_000 + 600_000), 3000);
+    assert_eq!(a.remaining_secs(1_000_000 + 7_200_000), 0);
+    // A clock behind the fetch time takes nothing away.
+    assert_eq!(a.remaining_secs(0), 3600);
+}

@@ -158,7 +158,7 @@ impl<B: Backend> Io<B> {
             backend: self.settings.backend.clone(),
             provider: a.provider.clone(),
             labels: a.labels.clone(),
-            max_duration: Duration::from_secs(a.max_duration_secs.max(60)),
+            max_duration: Duration::from_secs(a.remaining_secs(now_ms()).max(60)),
             worker_id: self.settings.worker_id.clone(),
             facade_url: self.settings.facade_url.clone(),
             executor_token: self.settings.token_key.token(key.assignment, key.attempt),
