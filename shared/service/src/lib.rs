@@ -220,6 +220,46 @@ pub fn stream_limits(nats: &jr_config::NatsConfig) -> jr_bus::StreamLimits {
 
 #[cfg(test)]
 mod tests {
+    /// Each binary takes its own role (inbox prefix) and its own section's NATS user.
+    #[test]
+    fn each_binary_connects_as_its_own_nats_user() {
+        use jr_bus::permissions::{BackendName, Role};
+        let example = include_str!("../../../config/jetrunner.toml");
+        let config = jr_config::load_str(example, "config/jetrunner.toml", std::iter::empty())
+            .unwrap_or_else(|e| panic!("{e}"));
+        let backend = |n: &str| BackendName::new(n).unwrap_or_else(|e| panic!("{e}"));
+        for (service, role, user) in [
+            ("scheduler", Role::Scheduler, "scheduler"),
+            ("pod-worker", Role::Worker(backend("pod")), "pod-worker"),
+            ("vm-worker", Role::Worker(backend("vm")), "vm-worker"),
+            ("reconciler", Role::Reconciler, "reconciler"),
+        ] {
+            let (got_role, credentials) =
+                super::nats_identity(service, &config).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(got_role, Some(role), "{service}");
+            match credentials {
+                Some(jr_bus::Credentials::UserPassword {
+                    user: got,
+                    password,
+                }) => {
+                    assert_eq!(got, user, "{service}");
+                    assert_eq!(password, format!("dev-{user}"), "{service}");
+                }
+                other => panic!("{service}: {other:?}"),
+            }
+        }
+        let (role, credentials) =
+            super::nats_identity("jr", &config).unwrap_or_else(|e| panic!("{e}"));
+        assert!(role.is_none() && credentials.is_none());
+        // A worker serving another backend takes that backend's role.
+        let env = [("JETRUNNER__VM_WORKER__BACKEND".to_owned(), "pod".to_owned())];
+        let config = jr_config::load_str(example, "config/jetrunner.toml", env)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let (role, _) =
+            super::nats_identity("vm-worker", &config).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(role, Some(Role::Worker(backend("pod"))));
+    }
+
     /// The config's defaults are the bus's defaults (the bus's apply where no config is given),
     /// and configured values reach the bus.
     #[test]
