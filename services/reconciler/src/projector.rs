@@ -110,6 +110,8 @@ async fn project(
     let handle = js.get_stream(stream).await?;
     let consumer = handle
         .create_consumer(OrderedConfig {
+            // Named: the reconciler's NATS user may not use the nameless create endpoint.
+            name: Some(jr_bus::permissions::ordered_consumer_name("reconciler")),
             deliver_policy: DeliverPolicy::ByStartSequence {
                 start_sequence: checkpoint + 1,
             },

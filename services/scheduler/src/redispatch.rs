@@ -159,6 +159,8 @@ pub(crate) async fn history(bus: &Bus, subject: &str) -> anyhow::Result<Vec<Enve
     };
     let consumer = stream
         .create_consumer(OrderedConfig {
+            // Named: the scheduler's NATS user may not use the nameless create endpoint.
+            name: Some(jr_bus::permissions::ordered_consumer_name("scheduler")),
             filter_subject: subject.to_owned(),
             deliver_policy: DeliverPolicy::All,
             ..Default::default()

@@ -162,6 +162,8 @@ async fn replay(
     let handle = bus.jetstream().get_stream(stream).await?;
     let mut consumer = handle
         .create_consumer(OrderedConfig {
+            // Named: the scheduler's NATS user may not use the nameless create endpoint.
+            name: Some(jr_bus::permissions::ordered_consumer_name("scheduler")),
             filter_subjects: filters,
             deliver_policy: DeliverPolicy::ByStartTime { start_time: since },
             ..Default::default()

@@ -20,11 +20,12 @@
 //!   `JR_ASSIGNMENTS`/`JR_EVENTS` with ordered consumers; reads the workers' pending counts.
 //!
 //! Where the grant is broader than one subject, and why:
-//! - Ordered consumers are ephemeral with server-chosen names, and NATS wildcards match whole
-//!   tokens only, so the scheduler and the reconciler may create, read, pull from and delete any
-//!   consumer of `JR_ASSIGNMENTS`/`JR_EVENTS` — except the other services' durables, which are
-//!   denied by name (a deny always wins). Creating with a durable name through the nameless
-//!   endpoint is refused by the server itself.
+//! - Ordered consumers are ephemeral with generated names, and NATS wildcards match whole
+//!   tokens only, so the scheduler and the reconciler may create (by name), read, pull from and
+//!   delete any consumer of `JR_ASSIGNMENTS`/`JR_EVENTS` — except the other services' durables,
+//!   which are denied by name (a deny always wins). The nameless create endpoint is granted to
+//!   nobody on these streams: there the name comes from the request body, and nats-server would
+//!   update an existing durable of that name.
 //! - `$JS.API.STREAM.MSG.GET.<stream>` names the wanted subject in the request body, so a
 //!   service that reads single messages may read any message of that stream. Nothing secret is
 //!   in the clear on the bus (forge tasks are sealed), so reading is not an authority.
@@ -130,9 +131,10 @@ fn own_durable(p: &mut Permissions, stream: &str, durable: &str, filter: &str) {
 }
 
 /// Ordered (ephemeral) consumers on `stream`; `others` are durables the role must not touch.
+/// Only the named create endpoint is granted: through the nameless one a config naming an
+/// existing durable updates it (nats-server takes the name from the body there), so ordered
+/// consumers must be named ([`ordered_consumer_name`]).
 fn ordered_consumers(p: &mut Permissions, stream: &str, others: &[String]) {
-    p.publish_allow
-        .push(format!("{API}.CONSUMER.CREATE.{stream}"));
     for op in ["CREATE", "DELETE", "INFO", "MSG.NEXT"] {
         p.publish_allow
             .push(format!("{API}.CONSUMER.{op}.{stream}.*"));
@@ -147,6 +149,21 @@ fn ordered_consumers(p: &mut Permissions, stream: &str, others: &[String]) {
         p.publish_deny
             .push(format!("{API}.CONSUMER.CREATE.{stream}.{durable}.>"));
     }
+}
+
+/// A fresh name for an ordered consumer of `user` (`<user>-<random>`). Ordered consumers must be
+/// created with a name: the nameless create endpoint is not granted to anyone on the jetrunner
+/// streams (see [`permissions`]).
+pub fn ordered_consumer_name(user: &str) -> String {
+    use rand::Rng as _;
+    let mut rng = rand::rng();
+    let suffix: String = (0..16)
+        .map(|_| {
+            let i = rng.random_range(0..36u8);
+            char::from(if i < 10 { b'0' + i } else { b'a' + i - 10 })
+        })
+        .collect();
+    format!("{user}-{suffix}")
 }
 
 /// A KV bucket the role owns.
@@ -440,6 +457,24 @@ mod tests {
             }
             assert!(!p.publish_allow.is_empty() && !p.subscribe_allow.is_empty());
         }
+    }
+
+    #[test]
+    fn nobody_creates_consumers_of_the_jetrunner_streams_without_a_name() {
+        let backends = backends();
+        for role in Role::all(&backends) {
+            let p = permissions(&role, &backends);
+            for stream in [STREAM_ASSIGNMENTS, STREAM_EVENTS, STREAM_COMMANDS] {
+                let api = format!("$JS.API.CONSUMER.CREATE.{stream}");
+                assert!(!p.may_publish(&api), "{role:?} {api}");
+                let durable = format!("$JS.API.CONSUMER.DURABLE.CREATE.{stream}.pod-worker");
+                assert!(!p.may_publish(&durable), "{role:?} {durable}");
+            }
+        }
+        let name = ordered_consumer_name("reconciler");
+        assert!(name.starts_with("reconciler-") && !name.contains('.'));
+        let p = permissions(&Role::Reconciler, &backends);
+        assert!(p.may_publish(&format!("$JS.API.CONSUMER.CREATE.JR_EVENTS.{name}")));
     }
 
     #[test]

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use futures::StreamExt as _;
 use jr_bus::async_nats::jetstream::{consumer, kv};
-use jr_bus::permissions::{BackendName, Role, SCHEDULER_BUCKET, worker_bucket};
+use jr_bus::permissions::{
+    BackendName, Role, SCHEDULER_BUCKET, ordered_consumer_name, worker_bucket,
+};
 use jr_bus::testing::{NatsServer, ServiceUsers};
 use jr_bus::{BusMetrics, ConsumerSpec, Credentials, Topology};
 use jr_protocol::{
@@ -236,7 +238,7 @@ async fn each_service_does_its_own_work_and_is_refused_outside_its_permissions()
         .expect("command acked");
 
     // Ordered consumers (replays) of the scheduler and the reconciler.
-    for bus in [&scheduler, &reconciler] {
+    for (bus, user) in [(&scheduler, "scheduler"), (&reconciler, "reconciler")] {
         let stream = bus
             .jetstream()
             .get_stream(STREAM_EVENTS)
@@ -244,6 +246,7 @@ async fn each_service_does_its_own_work_and_is_refused_outside_its_permissions()
             .expect("stream info");
         let ordered = stream
             .create_consumer(consumer::pull::OrderedConfig {
+                name: Some(ordered_consumer_name(user)),
                 filter_subject: format!("jr.event.pod.{id}.>"),
                 ..Default::default()
             })
@@ -365,6 +368,30 @@ async fn each_service_does_its_own_work_and_is_refused_outside_its_permissions()
     refused_subscription(&server, &pod_worker, &pod_user, "jr.>").await;
     refused_subscription(&server, &pod_worker, &pod_user, "_INBOX.scheduler.>").await;
     refused_subscription(&server, &reconciler, "reconciler", "_INBOX.>").await;
+
+    // The nameless create endpoint would let a config naming a worker's durable replace it
+    // (the server takes the name from the body there): nobody may use it on these streams.
+    for (bus, user) in [(&scheduler, "scheduler"), (&reconciler, "reconciler")] {
+        for stream in [STREAM_ASSIGNMENTS, STREAM_EVENTS] {
+            refused_publish(
+                &server,
+                bus,
+                user,
+                &format!("$JS.API.CONSUMER.CREATE.{stream}"),
+            )
+            .await;
+        }
+    }
+    let durable = admin
+        .jetstream()
+        .get_stream(STREAM_ASSIGNMENTS)
+        .await
+        .expect("stream")
+        .consumer_info("pod-worker")
+        .await
+        .expect("pod-worker exists");
+    assert_eq!(durable.config.filter_subject, "jr.assignment.pod.>");
+    assert!(durable.config.durable_name.is_some());
 
     // None of the refused messages reached a stream, and the streams and durables are intact.
     nothing_on(&admin, STREAM_ASSIGNMENTS, &forged_assignment).await;
