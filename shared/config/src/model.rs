@@ -410,6 +410,14 @@ pub struct WorkerConfig {
     /// This worker's own NATS user.
     #[serde(default)]
     pub nats: Option<NatsAuthConfig>,
+    /// How often the worker lists its backend to reconcile what it tracks (default 15 s).
+    #[serde(default, with = "humantime_serde")]
+    pub resync_interval: Option<Duration>,
+    /// How long a workload of ours that no create of this worker made (a backend's leftover
+    /// after a refused create, a workload of an unknown assignment) is held before it is
+    /// announced (default 60 s).
+    #[serde(default, with = "humantime_serde")]
+    pub stray_grace: Option<Duration>,
 }
 
 #[derive(Clone, Debug, Deserialize)]

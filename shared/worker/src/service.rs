@@ -43,8 +43,8 @@ pub fn settings_from_config(
         capacity: backend_cfg.capacity,
         facade_url: config.facade.public_url.clone(),
         token_key,
-        resync_interval: Duration::from_secs(15),
-        stray_grace: Duration::from_secs(60),
+        resync_interval: section.resync_interval.unwrap_or(Duration::from_secs(15)),
+        stray_grace: section.stray_grace.unwrap_or(Duration::from_secs(60)),
     };
     Ok((settings, backend_cfg))
 }

@@ -345,6 +345,13 @@ async fn orphan_pods_are_deleted_and_cancelled_jobs_cleaned_up() -> anyhow::Resu
         &[("JETRUNNER__RECONCILER__ORPHAN_GRACE", "3s")],
     )
     .await?;
+    // The worker announces a workload no create of its own made only after its stray grace.
+    respawn_with_env(
+        &mut system,
+        "pod-worker",
+        &[("JETRUNNER__POD_WORKER__STRAY_GRACE", "2s")],
+    )
+    .await?;
 
     system.enqueue("pod", 3, &[("JR_FAKE_DURATION_MS", "3000")]);
     enqueue_named(
