@@ -26,6 +26,11 @@
 //!   which are denied by name (a deny always wins). The nameless create endpoint is granted to
 //!   nobody on these streams: there the name comes from the request body, and nats-server would
 //!   update an existing durable of that name.
+//! - The body of a consumer-create request is not subject to permissions: a scheduler or
+//!   reconciler could create a push consumer on `JR_ASSIGNMENTS`/`JR_EVENTS` whose deliver
+//!   subject is another jetrunner subject. nats-server refuses a deliver subject its own stream
+//!   captures (a cycle) and delivers only where a subscriber has interest; no jetrunner service
+//!   subscribes to core `jr.*` subjects, and the consumers of every stream check what they act on.
 //! - `$JS.API.STREAM.MSG.GET.<stream>` names the wanted subject in the request body, so a
 //!   service that reads single messages may read any message of that stream. Nothing secret is
 //!   in the clear on the bus (forge tasks are sealed), so reading is not an authority.
