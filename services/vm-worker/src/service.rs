@@ -25,6 +25,7 @@ pub async fn run(p: Process) -> anyhow::Result<()> {
     let client = SandboxClient::new(client_cfg).context("OpenSandbox client")?;
     let mut vm = VmBackendConfig::new(settings.backend.clone(), settings.worker_id.clone());
     vm.pool = os.pool.clone();
+    vm.entrypoint = (!os.entrypoint.is_empty()).then(|| os.entrypoint.clone());
     vm.poll.steady = os.poll_interval.max(Duration::from_millis(200));
     // Sandboxes that are changing (starting, stopping) are polled at least as often.
     vm.poll.active = vm.poll.active.min(vm.poll.steady);

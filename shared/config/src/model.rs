@@ -354,6 +354,15 @@ pub struct OpenSandboxConfig {
     /// (60 s + 30 s by default); on expiry the worker looks the sandbox up by its metadata.
     #[serde(default = "default_sandbox_create_timeout", with = "humantime_serde")]
     pub create_timeout: Duration,
+    /// Command of the pool task that runs the job: the executor image's entrypoint. OpenSandbox
+    /// hands the sandbox's environment (the executor contract) to this task only. An empty
+    /// list leaves the pool's own task command.
+    #[serde(default = "default_sandbox_entrypoint")]
+    pub entrypoint: Vec<String>,
+}
+
+fn default_sandbox_entrypoint() -> Vec<String> {
+    vec!["/usr/local/bin/jetrunner-executor".to_owned()]
 }
 
 fn default_sandbox_create_timeout() -> Duration {

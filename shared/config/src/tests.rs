@@ -176,6 +176,29 @@ fn opensandbox_create_timeout_defaults_to_two_minutes_and_can_be_set() {
 }
 
 #[test]
+fn sandbox_task_runs_the_executor_entrypoint_unless_configured_otherwise() {
+    let entrypoint = |c: &Config| {
+        c.backend["vm"]
+            .opensandbox
+            .as_ref()
+            .map(|o| o.entrypoint.clone())
+    };
+    let c = load_env(MINIMAL, &[]).expect("valid");
+    assert_eq!(
+        entrypoint(&c),
+        Some(vec!["/usr/local/bin/jetrunner-executor".to_owned()])
+    );
+    let text = MINIMAL.replace(
+        r#"opensandbox = { url = "http://127.0.0.1:8081" }"#,
+        r#"opensandbox = { url = "http://127.0.0.1:8081", entrypoint = [] }"#,
+    );
+    assert_eq!(
+        entrypoint(&load_env(&text, &[]).expect("valid")),
+        Some(vec![])
+    );
+}
+
+#[test]
 fn each_service_picks_its_own_nats_user() {
     let text = format!(
         "{MINIMAL}\n[scheduler.nats]\nuser = \"scheduler\"\npassword = \"s-pass\"\n\n[reconciler.nats]\ncredentials_file = \"/run/r.creds\"\n"
