@@ -64,8 +64,11 @@ fn read_stored(path: &Path) -> Result<Option<Credentials>, RegistrationError> {
     }
 }
 
-/// Writes atomically (temp file + rename), readable by the owner only.
+/// Writes atomically: a new temp file created with mode 0600 (never an existing file or a
+/// symlink planted in its place), then renamed over the target (a rename replaces a symlink at
+/// the target instead of following it).
 fn write_stored(path: &Path, creds: &Credentials, id: i64) -> Result<(), RegistrationError> {
+    use std::io::Write as _;
     let err = |message: String| RegistrationError::CredentialsFile {
         path: path.display().to_string(),
         message,
@@ -79,14 +82,20 @@ fn write_stored(path: &Path, creds: &Credentials, id: i64) -> Result<(), Registr
         id,
     })
     .map_err(|e| err(e.to_string()))?;
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text).map_err(|e| err(e.to_string()))?;
+    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
     #[cfg(unix)]
     {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))
-            .map_err(|e| err(e.to_string()))?;
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
     }
+    let mut file = options.open(&tmp).map_err(|e| err(e.to_string()))?;
+    file.write_all(text.as_bytes())
+        .and_then(|()| file.sync_all())
+        .map_err(|e| err(e.to_string()))?;
+    drop(file);
     std::fs::rename(&tmp, path).map_err(|e| err(e.to_string()))
 }
 
@@ -284,5 +293,36 @@ pub async fn establish_declared(
             _ = tokio::time::sleep(delay) => {}
         }
         delay = (delay * 2).min(Duration::from_secs(10));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[cfg(unix)]
+    #[test]
+    fn credentials_are_written_owner_only_and_never_through_a_planted_symlink() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "do not touch").expect("victim");
+        let path = dir.path().join("runner.json");
+        std::os::unix::fs::symlink(&victim, &path).expect("symlink");
+        let creds = Credentials {
+            uuid: "u".into(),
+            token: "t".into(),
+        };
+        write_stored(&path, &creds, 7).expect("written");
+        assert_eq!(
+            std::fs::read_to_string(&victim).expect("victim"),
+            "do not touch",
+            "the symlink's target was not written"
+        );
+        let meta = std::fs::symlink_metadata(&path).expect("metadata");
+        assert!(meta.file_type().is_file(), "the link was replaced by a file");
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        let stored = read_stored(&path).expect("read").expect("stored");
+        assert_eq!(stored.token, "t");
     }
 }
