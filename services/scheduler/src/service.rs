@@ -171,6 +171,7 @@ pub async fn run(
             sealer: sealer.clone(),
             token_keys: token_keys_from_config(&config)?,
             limits: (&config.facade).into(),
+            spiffe_path: config.facade.spiffe_path.clone(),
             insecure_plain_http: config.facade.insecure_plain_http,
         },
         JetStreamLedger::new(bus.clone(), backends, unclaimed.clone(), sealer.clone()),

@@ -133,7 +133,7 @@ async fn fetch_task(
 }
 
 fn spiffe_for(id: AssignmentId) -> String {
-    format!("spiffe://{TRUST_DOMAIN}/ns/ci/sa/executor/{id}")
+    format!("spiffe://{TRUST_DOMAIN}/jetrunner/executor/{id}")
 }
 
 #[tokio::test]
@@ -176,9 +176,19 @@ async fn spiffe_certificate_for_another_assignment_is_refused() {
         .await
         .expect("TLS passes");
     assert_eq!(answer.map(|r| r.task.is_some()), Err(Code::Unauthenticated));
+    // The right assignment under another path of the trust domain (another workload's
+    // identity that happens to end in the id) is refused.
+    let elsewhere = https_client(
+        &ca,
+        Some(ca.executor_cert(&format!("spiffe://{TRUST_DOMAIN}/ns/other/sa/{id}"))),
+    );
+    let answer = fetch_task(&elsewhere, &h.url, id, None)
+        .await
+        .expect("TLS passes");
+    assert_eq!(answer.map(|r| r.task.is_some()), Err(Code::Unauthenticated));
     assert_eq!(
         h.facade.stats().auth_refused(AuthRefusal::SpiffeMismatch),
-        2
+        3
     );
     assert!(!h.ledger.record(id).expect("record").view.claimed);
     h.stop().await;

@@ -248,6 +248,9 @@ pub struct FacadeConfig {
     /// Open executor connections at most; further ones wait in the listen backlog.
     #[serde(default = "default_facade_connections")]
     pub max_connections: usize,
+    /// The path of an executor's SPIFFE id; `{assignment}` stands for its assignment id.
+    #[serde(default = "default_spiffe_path")]
+    pub spiffe_path: String,
     /// RunnerService calls per second one assignment may make (a running act_runner makes ~2).
     #[serde(default = "default_facade_rate")]
     pub max_calls_per_second: u32,
@@ -532,6 +535,9 @@ impl Config {
 
 fn one() -> usize {
     1
+}
+fn default_spiffe_path() -> String {
+    "/jetrunner/executor/{assignment}".to_owned()
 }
 fn four_mib() -> usize {
     4 * 1024 * 1024

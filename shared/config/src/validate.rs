@@ -31,6 +31,7 @@ impl Config {
             ));
         }
         self.validate_fetching()?;
+        self.validate_spiffe_path()?;
         self.validate_facade()?;
         self.validate_backends()?;
         self.validate_routing()?;
@@ -52,6 +53,17 @@ impl Config {
             return Err(ConfigError::key(
                 "scheduler.seal_key_id",
                 format!("key id {id:?} is not in scheduler.seal_keys"),
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_spiffe_path(&self) -> Result<(), ConfigError> {
+        let p = &self.facade.spiffe_path;
+        if !p.starts_with('/') || p.matches("{assignment}").count() != 1 {
+            return Err(ConfigError::key(
+                "facade.spiffe_path",
+                "must start with / and contain {assignment} exactly once, e.g. /jetrunner/executor/{assignment}",
             ));
         }
         Ok(())

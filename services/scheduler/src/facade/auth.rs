@@ -89,6 +89,11 @@ impl SpiffeId {
     pub fn last_segment(&self) -> &str {
         self.path.rsplit('/').next().unwrap_or(&self.path)
     }
+
+    /// The path without its leading `/`.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
 }
 
 impl std::fmt::Display for SpiffeId {
@@ -186,7 +191,11 @@ impl<L: Ledger> Facade<L> {
                         .trust_domain
                         .as_deref()
                         .is_none_or(|td| td == spiffe.trust_domain());
-                    let names_us = spiffe.last_segment().parse::<AssignmentId>().ok() == Some(id);
+                    let expected = self
+                        .settings
+                        .spiffe_path
+                        .replace("{assignment}", &id.to_string());
+                    let names_us = spiffe.path() == expected.trim_start_matches('/');
                     if !(domain_ok && names_us) {
                         return refuse(AuthRefusal::SpiffeMismatch);
                     }

@@ -87,6 +87,8 @@ pub struct FacadeSettings {
     pub token_keys: std::collections::BTreeMap<jr_protocol::BackendName, jr_worker::TokenKey>,
     /// Body size and time, connections, calls per assignment.
     pub limits: FacadeLimits,
+    /// The SPIFFE id path executors must present, `{assignment}` standing for the id.
+    pub spiffe_path: String,
     /// Allow [`serve`] without TLS (development only).
     pub insecure_plain_http: bool,
 }

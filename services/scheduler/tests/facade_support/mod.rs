@@ -262,6 +262,7 @@ pub fn settings(
         sealer,
         token_keys: Default::default(),
         limits: Default::default(),
+        spiffe_path: "/jetrunner/executor/{assignment}".into(),
         insecure_plain_http,
     }
 }
