@@ -123,10 +123,12 @@ async fn a_backlog_longer_than_the_zombie_timeout_succeeds_and_only_what_can_sta
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn racing_picks_on_gitea_hide_no_waiting_job() -> anyhow::Result<()> {
     let poll = Duration::from_millis(200);
+    // Capacity well above this light load, so every job arrives while its backend has a free
+    // slot (the bound holds only then).
     let mut system = System::start(SystemSpec {
-        pod_capacity: 4,
-        vm_capacity: 2,
-        vm_pool: Some(4),
+        pod_capacity: 8,
+        vm_capacity: 6,
+        vm_pool: Some(8),
         forge_poll: poll,
         forge_behaviour: jr_fake_forge::Behaviour {
             fetch_race: true,
