@@ -320,7 +320,10 @@ mod tests {
             "the symlink's target was not written"
         );
         let meta = std::fs::symlink_metadata(&path).expect("metadata");
-        assert!(meta.file_type().is_file(), "the link was replaced by a file");
+        assert!(
+            meta.file_type().is_file(),
+            "the link was replaced by a file"
+        );
         assert_eq!(meta.permissions().mode() & 0o777, 0o600);
         let stored = read_stored(&path).expect("read").expect("stored");
         assert_eq!(stored.token, "t");
