@@ -60,6 +60,33 @@ async fn take_one(world: &World, backend: &str) {
     message.ack().await.expect("ack");
 }
 
+/// Starts the fetchers with stand-in workers taking everything, and waits until the forge's
+/// queue is empty and `expected` assignments were acknowledged.
+async fn drain_the_forge(world: &World, expected: u64) -> support::Fetchers {
+    let fetchers = world
+        .start_fetchers(Duration::from_millis(50), Duration::from_millis(200))
+        .await;
+    world
+        .forge
+        .wait_until(|s| s.queued_count() == 0, Duration::from_secs(60))
+        .await
+        .expect("the queue drains");
+    eventually(
+        "assignments acknowledged",
+        Duration::from_secs(20),
+        || async {
+            fetchers
+                .dispatcher
+                .stats
+                .dispatched
+                .load(std::sync::atomic::Ordering::Relaxed)
+                >= expected
+        },
+    )
+    .await;
+    fetchers
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_lookahead_waits_for_a_full_backend_and_the_backlog_stays_at_the_forge() {
     let world = World::start_layout(jr_fake_forge::Config::default(), &[], "per-backend", "").await;
@@ -155,23 +182,7 @@ async fn racing_fetches_lose_on_gitea_so_the_scheduler_keeps_one_in_flight() {
     world.forge.enqueue_jobs(job("pod"), 60);
     world.forge.enqueue_jobs(job("vm"), 40);
     let _workers = world.drain_workers();
-    let fetchers = world
-        .start_fetchers(Duration::from_millis(50), Duration::from_millis(200))
-        .await;
-    world
-        .forge
-        .wait_until(|s| s.queued_count() == 0, Duration::from_secs(60))
-        .await
-        .expect("the queue drains");
-    eventually("103 assignments", Duration::from_secs(20), || async {
-        fetchers
-            .dispatcher
-            .stats
-            .dispatched
-            .load(std::sync::atomic::Ordering::Relaxed)
-            >= 103
-    })
-    .await;
+    let fetchers = drain_the_forge(&world, 103).await;
     let dispatcher = fetchers.dispatcher.clone();
     fetchers.stop().await.expect("fetchers stop");
     let after = world.forge.snapshot();
@@ -281,23 +292,7 @@ async fn forgejo_lost_fetch_reply_is_recovered_by_the_request_key() {
         ..FaultConfig::default()
     });
     let _workers = world.drain_workers();
-    let fetchers = world
-        .start_fetchers(Duration::from_millis(50), Duration::from_millis(200))
-        .await;
-    world
-        .forge
-        .wait_until(|s| s.queued_count() == 0, Duration::from_secs(30))
-        .await
-        .expect("the queue drains");
-    eventually("24 assignments", Duration::from_secs(20), || async {
-        fetchers
-            .dispatcher
-            .stats
-            .dispatched
-            .load(std::sync::atomic::Ordering::Relaxed)
-            >= 24
-    })
-    .await;
+    let fetchers = drain_the_forge(&world, 24).await;
     fetchers.stop().await.expect("fetchers stop");
     let snapshot = world.forge.snapshot();
     assert_eq!(snapshot.faults.dropped_replies, 1);
