@@ -717,3 +717,38 @@ async fn job_summaries_are_checked_and_forwarded() {
     );
     h.stop().await;
 }
+
+#[tokio::test]
+async fn a_claim_whose_reply_was_lost_with_its_facade_is_served_again_by_the_next_one() {
+    let h = start().await;
+    let id = add_assignment(&h, 23, Some(TOKEN));
+    // The first facade claims and "dies" before its reply arrives: the executor saw nothing.
+    assert!(fetch(&executor(&h.url, id, TOKEN)).await.is_some());
+    assert!(h.ledger.record(id).expect("record").view.claimed);
+    let restarted = Arc::new(
+        Facade::new(
+            settings(AuthMode::Token, &h.forge_url, h.sealer.clone(), true),
+            h.ledger.clone(),
+        )
+        .expect("facade"),
+    );
+    let served = serve_facade(restarted.clone(), None).await;
+    let again = executor(&served.url, id, TOKEN);
+    assert_eq!(
+        fetch(&again).await.map(|t| t.id),
+        Some(23),
+        "the same attempt's executor gets its task from the restarted facade"
+    );
+    again
+        .update_log(&log(23, 0, 1, false))
+        .await
+        .expect("report");
+    assert_eq!(fetch(&again).await, None, "not once it reports");
+    assert_eq!(
+        restarted.stats().claims_won,
+        0,
+        "claimed once, by the first facade"
+    );
+    let _ = served.stop.send(());
+    h.stop().await;
+}

@@ -307,11 +307,15 @@ impl<L: Ledger> Facade<L> {
             return Ok(no_task);
         }
         if view.claimed {
-            // The same executor asking again before it reported anything (a lost reply, a
-            // runner that restarted its poll) gets the same task; anyone else gets nothing.
+            // The claim belongs to this attempt (redispatch happens only before a claim), and
+            // only this attempt's executor holds its credentials. A runner in one-shot mode
+            // asks again only if it never got its task: the reply was lost, or the facade that
+            // answered was killed right after publishing `claimed`. So until a report shows the
+            // executor has the task, it gets the same task again.
             let progress = self.progress_of(view.id);
-            let progress = progress.lock().await;
-            if progress.claimed_here && !progress.reported && progress.attempt == view.attempt {
+            let mut progress = progress.lock().await;
+            progress.sync(view.attempt, view.terminal);
+            if !progress.reported {
                 return Ok(FetchTaskResponse {
                     task: Some(self.open_task(&view)?),
                     tasks_version: TASKS_VERSION,
