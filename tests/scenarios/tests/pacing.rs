@@ -200,7 +200,7 @@ async fn forgejo_request_key_recovers_tasks_of_a_scheduler_killed_before_the_pub
     system.enqueue("pod", jobs * 2 / 3, &[("JR_FAKE_DURATION_MS", "100")]);
     system.enqueue("vm", jobs - jobs * 2 / 3, &[("JR_FAKE_DURATION_MS", "100")]);
     let mut crashes = 0;
-    let deadline = Instant::now() + Duration::from_secs(600);
+    let deadline = Instant::now() + Duration::from_secs(240);
     while !system.forge.all_final() {
         anyhow::ensure!(
             Instant::now() < deadline,
