@@ -36,6 +36,16 @@ fn watch_claims(system: &System) -> Arc<Mutex<BTreeSet<i64>>> {
     claimed
 }
 
+/// Jobs whose final state is anything but success, with that state.
+fn jobs_not_succeeded(snapshot: &jr_fake_forge::Snapshot) -> Vec<(jr_fake_forge::JobId, Status)> {
+    snapshot
+        .jobs
+        .iter()
+        .filter(|j| j.status != Status::Done(Outcome::Success))
+        .map(|j| (j.id, j.status))
+        .collect()
+}
+
 fn task_ids_running(system: &System) -> Vec<i64> {
     system
         .forge
@@ -97,12 +107,7 @@ async fn a_backlog_longer_than_the_zombie_timeout_succeeds_and_only_what_can_sta
         reaped.is_empty(),
         "tasks failed by the forge's reaper: {reaped:?}"
     );
-    let not_success: Vec<_> = snapshot
-        .jobs
-        .iter()
-        .filter(|j| j.status != Status::Done(Outcome::Success))
-        .map(|j| (j.id, j.status))
-        .collect();
+    let not_success = jobs_not_succeeded(&snapshot);
     assert!(not_success.is_empty(), "{not_success:?}");
     assert!(
         max_unclaimed <= bound,
@@ -223,12 +228,7 @@ async fn forgejo_request_key_recovers_tasks_of_a_scheduler_killed_before_the_pub
     println!("scheduler killed {crashes} times between the forge's reply and the PubAck");
     assert!(crashes >= crashes_wanted.min(1), "the fault hook fired");
     let snapshot = system.forge.snapshot();
-    let failed: Vec<_> = snapshot
-        .jobs
-        .iter()
-        .filter(|j| j.status != Status::Done(Outcome::Success))
-        .map(|j| (j.id, j.status))
-        .collect();
+    let failed = jobs_not_succeeded(&snapshot);
     assert!(failed.is_empty(), "jobs lost or failed: {failed:?}");
     assert!(
         snapshot.jobs.iter().all(|j| j.task_ids.len() == 1),
