@@ -8,7 +8,8 @@ use jr_protocol::{AssignmentId, BackendName, WorkloadPhase};
 use jr_worker::{Backend, BackendError, ObservedWorkload, WorkloadSpec};
 use tokio::sync::{mpsc, oneshot};
 use vm_worker::backend::{
-    LABEL_ASSIGNMENT, LABEL_ATTEMPT, LABEL_WORKER, PollConfig, VmBackend, VmBackendConfig,
+    LABEL_ASSIGNMENT, LABEL_ATTEMPT, LABEL_BACKEND, LABEL_WORKER, PollConfig, VmBackend,
+    VmBackendConfig,
 };
 use vm_worker::opensandbox::{ClientConfig, CreateSandbox, SandboxClient};
 
@@ -250,7 +251,7 @@ async fn duplicates_of_one_attempt_are_reduced_to_one() {
     // Two sandboxes for the same attempt, as an earlier race could have left behind.
     let raw = client(&fake, Duration::from_secs(10));
     let metadata = BTreeMap::from([
-        ("jetrunner.io/backend".to_owned(), "vm".to_owned()),
+        (LABEL_BACKEND.to_owned(), "vm".to_owned()),
         (LABEL_WORKER.to_owned(), "vm-worker-1".to_owned()),
         (LABEL_ASSIGNMENT.to_owned(), spec.assignment_id.to_string()),
         (LABEL_ATTEMPT.to_owned(), "1".to_owned()),
@@ -544,4 +545,106 @@ async fn sandbox_ids_with_path_characters_never_reach_other_api_paths() {
             "{bad}: {refused:?}"
         );
     }
+}
+
+/// The metadata a vm-worker wrote on its sandboxes before the keys moved to `jetrunner.dev/`.
+fn legacy_request(spec: &WorkloadSpec, worker: &str) -> CreateSandbox {
+    use jr_protocol::labels::legacy_sandbox as old;
+    let deadline = time::OffsetDateTime::now_utc().unix_timestamp() + 3600;
+    CreateSandbox {
+        pool: "ci-vm".into(),
+        timeout_secs: Some(600),
+        metadata: BTreeMap::from([
+            (old::BACKEND.to_owned(), "vm".to_owned()),
+            (old::WORKER.to_owned(), worker.to_owned()),
+            (old::ASSIGNMENT.to_owned(), spec.assignment_id.to_string()),
+            (old::ATTEMPT.to_owned(), spec.attempt.to_string()),
+            (old::DEADLINE.to_owned(), deadline.to_string()),
+        ]),
+        ..CreateSandbox::default()
+    }
+}
+
+fn legacy_list_requests(fake: &FakeSandbox) -> usize {
+    fake.list_requests()
+        .iter()
+        .filter(|r| {
+            r.metadata
+                .iter()
+                .any(|(key, _)| key.starts_with(jr_protocol::labels::legacy_sandbox::PREFIX))
+        })
+        .count()
+}
+
+#[tokio::test]
+async fn sandboxes_with_the_legacy_keys_are_listed_adopted_observed_and_deleted() {
+    let fake = FakeSandbox::start(fake_config(3)).await.expect("fake");
+    let raw = client(&fake, Duration::from_secs(10));
+    // Left behind by the older worker before the upgrade: one of ours, one of another worker.
+    let spec = spec();
+    let old = raw
+        .create(&legacy_request(&spec, "vm-worker-1"))
+        .await
+        .expect("legacy sandbox");
+    let theirs = raw
+        .create(&legacy_request(&self::spec(), "vm-worker-2"))
+        .await
+        .expect("another worker's legacy sandbox");
+
+    // After the upgrade, recovery lists it as this attempt's workload.
+    let backend = backend(&fake);
+    let listed = backend.list().await.expect("list");
+    assert_eq!(
+        listed
+            .iter()
+            .map(|o| (o.workload.as_str(), o.assignment_id, o.attempt, o.phase))
+            .collect::<Vec<_>>(),
+        vec![(
+            old.id.as_str(),
+            spec.assignment_id,
+            1,
+            WorkloadPhase::Running
+        )]
+    );
+
+    // A redelivery of its attempt adopts it instead of making a second sandbox.
+    assert_eq!(backend.create(&spec).await.expect("adopts"), old.id);
+    assert_eq!(fake.created().len(), 2, "no sandbox was made");
+
+    // It is observed and deleted like any other.
+    let mut observer = Observer::start(&backend);
+    let mut seen = Vec::new();
+    let running = observe_until(&mut observer.rx, &mut seen, |o| {
+        o.workload == old.id && o.phase == WorkloadPhase::Running
+    })
+    .await;
+    assert_eq!(
+        (running.assignment_id, running.attempt),
+        (spec.assignment_id, 1)
+    );
+    backend
+        .delete(&old.id)
+        .await
+        .expect("ours under the legacy keys");
+    observe_until(&mut observer.rx, &mut seen, |o| {
+        o.workload == old.id && o.phase == WorkloadPhase::Gone
+    })
+    .await;
+
+    // Another worker's legacy sandbox is still not ours.
+    let refused = backend.delete(&theirs.id).await;
+    assert!(
+        matches!(refused, Err(BackendError::Permanent { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(
+        fake.sandbox(&theirs.id).map(|s| s.state),
+        Some(SandboxState::Running)
+    );
+
+    // With none of ours left under the legacy keys, polling stops asking for them.
+    let asked = legacy_list_requests(&fake);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(legacy_list_requests(&fake), asked);
+    observer.shutdown().await;
 }

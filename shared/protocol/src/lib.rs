@@ -4,6 +4,7 @@
 
 mod codec;
 mod ids;
+pub mod labels;
 mod message;
 pub mod subject;
 mod validate;

@@ -192,7 +192,7 @@ fn optional_string(key: &str, value: &Value) -> Result<Option<String>, PodWorker
 const RESERVED_ENV_PREFIX: &str = "JETRUNNER_";
 
 fn is_reserved_label(key: &str) -> bool {
-    key.starts_with("jetrunner.dev/") || key == LABEL_MANAGED_BY
+    key.starts_with(jr_protocol::labels::PREFIX) || key == LABEL_MANAGED_BY
 }
 
 impl RunnerBlock {

@@ -15,13 +15,11 @@ use super::RunnerBlock;
 
 pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 pub const MANAGED_BY: &str = "jetrunner";
-pub const LABEL_ASSIGNMENT: &str = "jetrunner.dev/assignment";
-pub const LABEL_ATTEMPT: &str = "jetrunner.dev/attempt";
-pub const LABEL_BACKEND: &str = "jetrunner.dev/backend";
-pub const LABEL_WORKER: &str = "jetrunner.dev/worker";
-pub const LABEL_PROVIDER: &str = "jetrunner.dev/provider";
-/// The job's `runs-on` labels, comma-separated (an annotation: label values are too restricted).
-pub const ANNOTATION_RUNS_ON: &str = "jetrunner.dev/runs-on";
+/// The keys both backends share (docs in `jr_protocol::labels`).
+pub use jr_protocol::labels::{
+    ASSIGNMENT as LABEL_ASSIGNMENT, ATTEMPT as LABEL_ATTEMPT, BACKEND as LABEL_BACKEND,
+    PROVIDER as LABEL_PROVIDER, RUNS_ON as ANNOTATION_RUNS_ON, WORKER as LABEL_WORKER,
+};
 /// The Secret key holding the executor token.
 pub const TOKEN_KEY: &str = "runner-token";
 pub const CONTAINER_NAME: &str = "executor";

@@ -7,11 +7,12 @@
 
 mod observe;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use jr_protocol::{AssignmentId, BackendName, WorkloadPhase};
+use jr_protocol::{AssignmentId, BackendName, WorkloadPhase, labels};
 use jr_worker::{Backend, BackendError, ObservedWorkload, WorkloadSpec};
 use time::OffsetDateTime;
 use tokio::sync::{Notify, mpsc};
@@ -21,15 +22,47 @@ use crate::opensandbox::{
     SandboxStatus, sanitize_label_value,
 };
 
-/// Metadata keys jetrunner writes on every sandbox (all label-safe; values are sanitised).
-pub const LABEL_ASSIGNMENT: &str = "jetrunner.io/assignment";
-pub const LABEL_ATTEMPT: &str = "jetrunner.io/attempt";
-pub const LABEL_BACKEND: &str = "jetrunner.io/backend";
-pub const LABEL_WORKER: &str = "jetrunner.io/worker";
-pub const LABEL_PROVIDER: &str = "jetrunner.io/provider";
-/// Unix seconds until which the sandbox must live (job limit + grace); drives renewal and
-/// survives restarts of the worker.
-pub const LABEL_DEADLINE: &str = "jetrunner.io/deadline";
+/// Metadata keys jetrunner writes on every sandbox, the same as on Pods (all label-safe; values
+/// are sanitised). `LABEL_DEADLINE` holds the unix seconds until which the sandbox must live.
+pub use jr_protocol::labels::{
+    ASSIGNMENT as LABEL_ASSIGNMENT, ATTEMPT as LABEL_ATTEMPT, BACKEND as LABEL_BACKEND,
+    DEADLINE as LABEL_DEADLINE, PROVIDER as LABEL_PROVIDER, WORKER as LABEL_WORKER,
+};
+
+/// One generation of the metadata keys on sandboxes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Keys {
+    assignment: &'static str,
+    attempt: &'static str,
+    backend: &'static str,
+    worker: &'static str,
+    provider: &'static str,
+    deadline: &'static str,
+}
+
+/// The keys this worker writes.
+const KEYS: Keys = Keys {
+    assignment: labels::ASSIGNMENT,
+    attempt: labels::ATTEMPT,
+    backend: labels::BACKEND,
+    worker: labels::WORKER,
+    provider: labels::PROVIDER,
+    deadline: labels::DEADLINE,
+};
+
+/// The keys older vm-workers wrote: never written, but listed and read, so sandboxes made
+/// before an upgrade are adopted and cleaned up like any other.
+const LEGACY_KEYS: Keys = Keys {
+    assignment: labels::legacy_sandbox::ASSIGNMENT,
+    attempt: labels::legacy_sandbox::ATTEMPT,
+    backend: labels::legacy_sandbox::BACKEND,
+    worker: labels::legacy_sandbox::WORKER,
+    provider: labels::legacy_sandbox::PROVIDER,
+    deadline: labels::legacy_sandbox::DEADLINE,
+};
+
+/// Every generation a sandbox of ours may carry, the current one first.
+const GENERATIONS: [Keys; 2] = [KEYS, LEGACY_KEYS];
 
 pub const DEFAULT_POOL: &str = "ci-vm";
 
@@ -111,6 +144,11 @@ struct Inner {
     config: VmBackendConfig,
     /// Metadata filter matching every sandbox of this worker and backend.
     owner_filter: BTreeMap<String, String>,
+    /// The same under the legacy keys.
+    legacy_owner_filter: BTreeMap<String, String>,
+    /// Sandboxes of this worker under the legacy keys may still exist. Cleared by the first
+    /// listing that finds none: this worker never writes those keys, so none appear later.
+    legacy_may_exist: AtomicBool,
     tracked: Mutex<HashMap<String, Tracked>>,
     /// Wakes the poller early after a create or delete.
     wake: Notify,
@@ -189,11 +227,30 @@ pub fn phase_of(status: &SandboxStatus) -> (WorkloadPhase, Option<String>) {
     }
 }
 
-/// The assignment attempt a sandbox belongs to, from its metadata.
+/// The assignment attempt a sandbox belongs to, from its metadata (current or legacy keys).
 fn ownership(sandbox: &Sandbox) -> Option<(AssignmentId, u32)> {
-    let assignment = sandbox.metadata.get(LABEL_ASSIGNMENT)?.parse().ok()?;
-    let attempt = sandbox.metadata.get(LABEL_ATTEMPT)?.parse().ok()?;
-    Some((assignment, attempt))
+    GENERATIONS.iter().find_map(|keys| {
+        let assignment = sandbox.metadata.get(keys.assignment)?.parse().ok()?;
+        let attempt = sandbox.metadata.get(keys.attempt)?.parse().ok()?;
+        Some((assignment, attempt))
+    })
+}
+
+/// The unix second until which a sandbox must live, from its metadata (current or legacy keys).
+fn deadline(sandbox: &Sandbox) -> Option<i64> {
+    GENERATIONS
+        .iter()
+        .find_map(|keys| sandbox.metadata.get(keys.deadline)?.parse().ok())
+}
+
+/// Sandboxes of several listings, each once.
+fn merge(lists: impl IntoIterator<Item = Vec<Sandbox>>) -> Vec<Sandbox> {
+    let mut seen = HashSet::new();
+    lists
+        .into_iter()
+        .flatten()
+        .filter(|s| seen.insert(s.id.clone()))
+        .collect()
 }
 
 /// The one mapping from API errors to worker dispositions.
@@ -243,21 +300,26 @@ fn backend_error(op: &'static str, error: SandboxError) -> BackendError {
 
 impl VmBackend {
     pub fn new(client: SandboxClient, config: VmBackendConfig) -> Self {
-        let owner_filter = BTreeMap::from([
-            (
-                LABEL_BACKEND.to_owned(),
-                sanitize_label_value(config.backend.as_str()),
-            ),
-            (
-                LABEL_WORKER.to_owned(),
-                sanitize_label_value(&config.worker_id),
-            ),
-        ]);
+        let owner_filter = |keys: Keys| {
+            BTreeMap::from([
+                (
+                    keys.backend.to_owned(),
+                    sanitize_label_value(config.backend.as_str()),
+                ),
+                (
+                    keys.worker.to_owned(),
+                    sanitize_label_value(&config.worker_id),
+                ),
+            ])
+        };
+        let (current, legacy) = (owner_filter(KEYS), owner_filter(LEGACY_KEYS));
         Self {
             inner: Arc::new(Inner {
                 client,
                 config,
-                owner_filter,
+                owner_filter: current,
+                legacy_owner_filter: legacy,
+                legacy_may_exist: AtomicBool::new(true),
                 tracked: Mutex::new(HashMap::new()),
                 wake: Notify::new(),
             }),
@@ -268,27 +330,63 @@ impl VmBackend {
         &self.inner.client
     }
 
-    /// Carries this worker's owner labels (what `list` selects by).
+    /// Carries this worker's owner labels, current or legacy (what `list` selects by).
     fn is_ours(&self, sandbox: &Sandbox) -> bool {
-        self.inner
-            .owner_filter
-            .iter()
-            .all(|(key, value)| sandbox.metadata.get(key) == Some(value))
+        [&self.inner.owner_filter, &self.inner.legacy_owner_filter]
+            .into_iter()
+            .any(|filter| {
+                filter
+                    .iter()
+                    .all(|(key, value)| sandbox.metadata.get(key) == Some(value))
+            })
+    }
+
+    /// Every sandbox of this worker and backend: those under the current keys, and those under
+    /// the legacy keys while any may exist.
+    pub(crate) async fn list_owned(&self) -> Result<Vec<Sandbox>, SandboxError> {
+        let inner = &self.inner;
+        let current = inner.client.list_all(&inner.owner_filter).await?;
+        if !inner.legacy_may_exist.load(Ordering::Relaxed) {
+            return Ok(current);
+        }
+        let legacy = inner.client.list_all(&inner.legacy_owner_filter).await?;
+        if legacy.is_empty() {
+            inner.legacy_may_exist.store(false, Ordering::Relaxed);
+        }
+        Ok(merge([current, legacy]))
     }
 
     /// Metadata filter selecting one attempt's sandboxes, whichever worker made them (a
     /// redelivery may reach another replica).
     fn attempt_filter(
         &self,
+        keys: Keys,
         assignment_id: AssignmentId,
         attempt: u32,
     ) -> BTreeMap<String, String> {
         let backend = sanitize_label_value(self.inner.config.backend.as_str());
         BTreeMap::from([
-            (LABEL_BACKEND.to_owned(), backend),
-            (LABEL_ASSIGNMENT.to_owned(), assignment_id.to_string()),
-            (LABEL_ATTEMPT.to_owned(), attempt.to_string()),
+            (keys.backend.to_owned(), backend),
+            (keys.assignment.to_owned(), assignment_id.to_string()),
+            (keys.attempt.to_owned(), attempt.to_string()),
         ])
+    }
+
+    /// One attempt's sandboxes under either generation of keys (a replica of an older version
+    /// may have made it).
+    async fn find_attempt(&self, spec: &WorkloadSpec) -> Result<Vec<Sandbox>, BackendError> {
+        let mut found = Vec::new();
+        for keys in GENERATIONS {
+            let filter = self.attempt_filter(keys, spec.assignment_id, spec.attempt);
+            found.push(
+                self.inner
+                    .client
+                    .list_all(&filter)
+                    .await
+                    .map_err(|e| backend_error("create", e))?,
+            );
+        }
+        Ok(merge(found))
     }
 
     fn request_for(&self, spec: &WorkloadSpec) -> CreateSandbox {
@@ -299,12 +397,12 @@ impl VmBackend {
         let deadline = OffsetDateTime::now_utc()
             .unix_timestamp()
             .saturating_add_unsigned(ttl);
-        let mut metadata = self.attempt_filter(spec.assignment_id, spec.attempt);
+        let mut metadata = self.attempt_filter(KEYS, spec.assignment_id, spec.attempt);
         metadata.extend(self.inner.owner_filter.clone());
-        metadata.insert(LABEL_DEADLINE.to_owned(), deadline.to_string());
+        metadata.insert(KEYS.deadline.to_owned(), deadline.to_string());
         let pool = match &spec.provider {
             Some(provider) => {
-                metadata.insert(LABEL_PROVIDER.to_owned(), sanitize_label_value(provider));
+                metadata.insert(KEYS.provider.to_owned(), sanitize_label_value(provider));
                 config.provider_pools.get(provider).unwrap_or(&config.pool)
             }
             None => &config.pool,
@@ -362,12 +460,8 @@ impl VmBackend {
 
 impl Backend for VmBackend {
     async fn create(&self, spec: &WorkloadSpec) -> Result<String, BackendError> {
-        let filter = self.attempt_filter(spec.assignment_id, spec.attempt);
         let client = &self.inner.client;
-        let existing = client
-            .list_all(&filter)
-            .await
-            .map_err(|e| backend_error("create", e))?;
+        let existing = self.find_attempt(spec).await?;
         if let Some(id) = self.adopt(existing, spec).await {
             tracing::info!(sandbox = %id, assignment = %spec.assignment_id, attempt = spec.attempt,
                 "adopted the existing sandbox of this attempt");
@@ -383,10 +477,7 @@ impl Backend for VmBackend {
             Err(error) if error.create_outcome_unknown() => {
                 tracing::warn!(assignment = %spec.assignment_id, attempt = spec.attempt, %error,
                     "create outcome unknown; looking for what the server made");
-                let found = client
-                    .list_all(&filter)
-                    .await
-                    .map_err(|e| backend_error("create", e))?;
+                let found = self.find_attempt(spec).await?;
                 let stopping = found
                     .iter()
                     .filter(|s| s.status.state == SandboxState::Stopping)
@@ -443,9 +534,7 @@ impl Backend for VmBackend {
 
     async fn list(&self) -> Result<Vec<ObservedWorkload>, BackendError> {
         let sandboxes = self
-            .inner
-            .client
-            .list_all(&self.inner.owner_filter)
+            .list_owned()
             .await
             .map_err(|e| backend_error("list", e))?;
         let mut observed = Vec::with_capacity(sandboxes.len());

@@ -10,7 +10,7 @@ use jr_worker::ObservedWorkload;
 use time::OffsetDateTime;
 use tokio::sync::mpsc;
 
-use super::{LABEL_DEADLINE, Tracked, VmBackend, ownership, phase_of};
+use super::{Tracked, VmBackend, deadline, ownership, phase_of};
 use crate::opensandbox::{Sandbox, SandboxError, SandboxState};
 
 pub(super) const UNREACHABLE_REASON: &str = "backend-unreachable";
@@ -54,7 +54,7 @@ impl Poller<'_> {
     async fn poll_once(&mut self, tx: &mpsc::Sender<ObservedWorkload>) -> Result<Duration, Closed> {
         let inner = &self.backend.inner;
         let poll = &inner.config.poll;
-        let sandboxes = match inner.client.list_all(&inner.owner_filter).await {
+        let sandboxes = match self.backend.list_owned().await {
             Ok(sandboxes) => sandboxes,
             Err(error) => {
                 self.failures = self.failures.saturating_add(1);
@@ -173,8 +173,7 @@ fn renewal_due(
     renew_every: Duration,
 ) -> Option<OffsetDateTime> {
     let expires_at = sandbox.expires_at?;
-    let deadline: i64 = sandbox.metadata.get(LABEL_DEADLINE)?.parse().ok()?;
-    let deadline = OffsetDateTime::from_unix_timestamp(deadline).ok()?;
+    let deadline = OffsetDateTime::from_unix_timestamp(deadline(sandbox)?).ok()?;
     let live =
         !sandbox.status.state.is_terminal() && sandbox.status.state != SandboxState::Stopping;
     let entry = tracked.get(&sandbox.id)?;

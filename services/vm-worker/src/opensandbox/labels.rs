@@ -129,13 +129,23 @@ mod tests {
 
     #[test]
     fn keys_follow_label_syntax() {
-        assert_eq!(label_key_problem("jetrunner.io/assignment"), None);
+        assert_eq!(label_key_problem("jetrunner.dev/assignment"), None);
         assert_eq!(label_key_problem("worker"), None);
         assert!(label_key_problem("opensandbox.io/id").is_some());
         assert!(label_key_problem("Bad_Prefix/x").is_some());
         assert!(label_key_problem("x/-bad").is_some());
         assert!(label_key_problem("").is_some());
         assert!(label_key_problem(&"a".repeat(64)).is_some());
+    }
+
+    #[test]
+    fn jetrunner_keys_are_valid_sandbox_metadata_keys() {
+        let keys = jr_protocol::labels::ALL
+            .iter()
+            .chain(jr_protocol::labels::legacy_sandbox::ALL.iter());
+        for key in keys {
+            assert_eq!(label_key_problem(key), None, "{key}");
+        }
     }
 
     #[test]
@@ -170,12 +180,12 @@ mod tests {
     #[test]
     fn metadata_filter_encodes_each_key_and_value() {
         let filter = BTreeMap::from([
-            ("jetrunner.io/attempt".to_owned(), "2".to_owned()),
-            ("jetrunner.io/worker".to_owned(), "vm-1".to_owned()),
+            ("jetrunner.dev/attempt".to_owned(), "2".to_owned()),
+            ("jetrunner.dev/worker".to_owned(), "vm-1".to_owned()),
         ]);
         assert_eq!(
             encode_metadata_filter(&filter),
-            "jetrunner.io%2Fattempt=2&jetrunner.io%2Fworker=vm-1"
+            "jetrunner.dev%2Fattempt=2&jetrunner.dev%2Fworker=vm-1"
         );
     }
 }

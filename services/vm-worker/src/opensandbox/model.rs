@@ -284,11 +284,11 @@ mod tests {
     fn parses_a_pooled_create_response_without_entrypoint() {
         let body = r#"{"id":"0b7f9a0e-2f7e-4a55-9d8c-2d5e7f7e8a11","status":{"state":"Running",
             "reason":"POD_READY_WITH_IP"},"createdAt":"2026-12-02T10:49:26.565933Z",
-            "metadata":{"jetrunner.io/attempt":"1"},"expiresAt":"2026-12-02T11:49:26Z"}"#;
+            "metadata":{"jetrunner.dev/attempt":"1"},"expiresAt":"2026-12-02T11:49:26Z"}"#;
         let sandbox: Sandbox = serde_json::from_str(body).expect("doc-shaped create response");
         assert_eq!(sandbox.status.state, SandboxState::Running);
         assert!(sandbox.entrypoint.is_empty());
-        assert_eq!(sandbox.metadata["jetrunner.io/attempt"], "1");
+        assert_eq!(sandbox.metadata["jetrunner.dev/attempt"], "1");
         let created = sandbox.created_at.expect("createdAt");
         assert_eq!(created.nanosecond(), 565_933_000);
         assert_eq!(sandbox.expires_at.expect("expiresAt").second(), 26);
