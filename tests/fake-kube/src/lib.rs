@@ -70,6 +70,8 @@ pub(crate) struct Shared {
     sim: SimConfig,
     rng: Mutex<rand::rngs::StdRng>,
     fault_uses: Mutex<Vec<u32>>,
+    /// `(namespace/name, fault kind)` of every Pod a fault rule or a fault call hit.
+    faulted: Mutex<Vec<(String, &'static str)>>,
     /// Per-Pod kubelet task (simulation or graceful removal); dropping the handle aborts it.
     pod_tasks: Mutex<HashMap<(String, String), AbortOnDropHandle<()>>>,
     outage_task: Mutex<Option<AbortOnDropHandle<()>>>,
@@ -137,6 +139,9 @@ impl Shared {
                 .unwrap_or_default()
                 .to_owned();
             let fault = self.choose_fault(&created);
+            if let Some(fault) = &fault {
+                lock(&self.faulted).push((format!("{namespace}/{name}"), fault.kind()));
+            }
             let task = tokio::spawn(sim::run_pod(
                 self.clone(),
                 namespace.to_owned(),
@@ -214,6 +219,7 @@ impl FakeKube {
             unavailable: watch::Sender::new(false),
             rng: Mutex::new(rand::rngs::StdRng::seed_from_u64(config.seed)),
             fault_uses: Mutex::new(vec![0; config.faults.len()]),
+            faulted: Mutex::new(Vec::new()),
             sim: config,
             pod_tasks: Mutex::new(HashMap::new()),
             outage_task: Mutex::new(None),
@@ -244,6 +250,17 @@ impl FakeKube {
 
     pub fn records(&self) -> Records {
         self.shared.with_store(|s| s.records())
+    }
+
+    /// `(namespace/name, fault kind)` of every Pod that a fault rule or one of the fault calls
+    /// (`evict`, `mark_failed_before_start`, …) hit, in order: the jobs whose outcome a test
+    /// must not expect to be the executor's.
+    pub fn faulted_pods(&self) -> Vec<(String, &'static str)> {
+        lock(&self.shared.faulted).clone()
+    }
+
+    fn note_fault(&self, namespace: &str, name: &str, kind: &'static str) {
+        lock(&self.shared.faulted).push((format!("{namespace}/{name}"), kind));
     }
 
     pub fn resource_version(&self) -> u64 {
@@ -364,10 +381,12 @@ impl FakeKube {
 
     /// Phase Failed, `status.reason: Evicted`; a running simulated container is stopped.
     pub fn evict(&self, namespace: &str, name: &str) -> Result<Value, FakeKubeError> {
+        self.note_fault(namespace, name, "evict");
         self.with_pod_status(namespace, name, sim::status::evicted)
     }
 
     pub fn mark_unschedulable(&self, namespace: &str, name: &str) -> Result<Value, FakeKubeError> {
+        self.note_fault(namespace, name, "stuck-pending");
         self.with_pod_status(namespace, name, |_| sim::status::unschedulable())
     }
 
@@ -376,6 +395,7 @@ impl FakeKube {
         namespace: &str,
         name: &str,
     ) -> Result<Value, FakeKubeError> {
+        self.note_fault(namespace, name, "fail-before-start");
         self.with_pod_status(namespace, name, sim::status::failed_before_start)
     }
 

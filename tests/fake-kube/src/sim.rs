@@ -68,6 +68,16 @@ pub enum Fault {
     StuckPending,
 }
 
+impl Fault {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Fault::FailBeforeStart => "fail-before-start",
+            Fault::Evict { .. } => "evict",
+            Fault::StuckPending => "stuck-pending",
+        }
+    }
+}
+
 /// Which Pods a fault rule applies to.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PodSelector {

@@ -212,6 +212,8 @@ pub struct Records {
     pub live: usize,
     /// The largest `live` ever seen.
     pub max_live: usize,
+    /// jetrunner Secrets that exist now (a token Secret outliving its Pod is a leak).
+    pub secrets: usize,
 }
 
 type Key = (Resource, String, String);
@@ -286,7 +288,13 @@ impl Store {
     }
 
     pub fn records(&self) -> Records {
-        self.records.clone()
+        let mut records = self.records.clone();
+        records.secrets = self
+            .objects
+            .iter()
+            .filter(|((r, _, _), o)| *r == Resource::Secrets && is_jetrunner(o))
+            .count();
+        records
     }
 
     /// A store keeping at most `limit` events for watch replay (0: all).

@@ -189,3 +189,34 @@ async fn a_watch_from_a_compacted_version_is_410_gone() {
         .expect("body");
     assert_eq!(body.lines().count(), 1, "{body}");
 }
+
+#[tokio::test]
+async fn records_count_jetrunner_secrets_and_remember_faulted_pods() {
+    let kube = FakeKube::start(SimConfig::passive())
+        .await
+        .expect("fake kube");
+    kube.create_pod("ns", pod("a")).expect("a");
+    kube.create_pod("ns", pod("b")).expect("b");
+    kube.create_secret(
+        "ns",
+        json!({"metadata": {"name": "s1", "labels": {"app.kubernetes.io/managed-by": "jetrunner"}},
+               "stringData": {"token": "t"}}),
+    )
+    .expect("jetrunner secret");
+    kube.create_secret(
+        "ns",
+        json!({"metadata": {"name": "s2"}, "stringData": {"other": "x"}}),
+    )
+    .expect("foreign secret");
+    assert_eq!(kube.records().secrets, 1, "only jetrunner's Secrets count");
+    assert!(kube.faulted_pods().is_empty());
+    kube.evict("ns", "b").expect("evict");
+    kube.mark_failed_before_start("ns", "a").expect("fail");
+    assert_eq!(
+        kube.faulted_pods(),
+        vec![
+            ("ns/b".to_owned(), "evict"),
+            ("ns/a".to_owned(), "fail-before-start")
+        ]
+    );
+}

@@ -331,6 +331,7 @@ async fn create_flow(shared: Arc<Shared>, request: CreateRequest) -> Response {
                 run: None,
             },
         );
+        state.note_held();
     }
 
     // The CR exists (Pending) while it waits for a pool slot.
@@ -366,8 +367,12 @@ async fn create_flow(shared: Arc<Shared>, request: CreateRequest) -> Response {
                 );
             }
         }
-    } else if let Some(entry) = shared.lock().sandboxes.get_mut(&id) {
-        entry.allocated = true;
+    } else {
+        let mut state = shared.lock();
+        if let Some(entry) = state.sandboxes.get_mut(&id) {
+            entry.allocated = true;
+        }
+        state.note_held();
     }
 
     tokio::time::sleep(config.ready_after).await;
@@ -442,6 +447,7 @@ fn try_allocate(shared: &Shared, id: &str, pool: &str) -> Allocation {
     entry.sandbox.reason = "POD_SCHEDULED".to_owned();
     let live = state.allocated_total();
     state.max_live = state.max_live.max(live);
+    state.note_held();
     if let Some(record) = state.created.iter_mut().rev().find(|c| c.id == id) {
         record.allocated = true;
     }

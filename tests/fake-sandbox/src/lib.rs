@@ -178,6 +178,7 @@ struct State {
     pools: BTreeMap<String, usize>,
     created: Vec<CreatedSandbox>,
     max_live: usize,
+    max_held: usize,
     list_requests: Vec<ListRequest>,
     seq: u64,
 }
@@ -192,6 +193,21 @@ impl State {
 
     fn allocated_total(&self) -> usize {
         self.sandboxes.values().filter(|e| e.allocated).count()
+    }
+
+    /// Sandboxes that hold a VM or wait for one: every `Pending` CR (it keeps its place in the
+    /// pool's queue) and every allocated one until it is removed (a `Stopping` VM still runs).
+    /// A create refused as full stops without a VM and is not counted.
+    fn held_total(&self) -> usize {
+        self.sandboxes
+            .values()
+            .filter(|e| e.allocated || e.sandbox.state == SandboxState::Pending)
+            .count()
+    }
+
+    pub(crate) fn note_held(&mut self) {
+        let held = self.held_total();
+        self.max_held = self.max_held.max(held);
     }
 }
 
@@ -323,6 +339,13 @@ impl FakeSandbox {
     /// Highest number of sandboxes holding a pool slot at the same time.
     pub fn max_live(&self) -> usize {
         self.shared.lock().max_live
+    }
+
+    /// Highest number of sandboxes in any state that holds or waits for a VM at the same time
+    /// (`Pending`, or allocated and not yet removed): what a client's capacity must bound, by
+    /// the server's own view, whatever the pool size.
+    pub fn max_held(&self) -> usize {
+        self.shared.lock().max_held
     }
 
     pub fn list_requests(&self) -> Vec<ListRequest> {

@@ -252,6 +252,8 @@ async fn exhausted_pool_answers_429_with_retry_after() {
         Some("1")
     );
     assert_eq!(fake.max_live(), 2);
+    // The refused create waited as a Pending CR: it held a place while it waited.
+    assert_eq!(fake.max_held(), 3);
 }
 
 #[tokio::test]
@@ -303,6 +305,8 @@ async fn a_deleted_sandbox_is_stopping_then_404_and_frees_its_slot() {
     .await;
     assert_eq!(status, 404);
     assert_eq!(fake.max_live(), 1);
+    // The stopping VM and the create waiting for its slot existed together.
+    assert_eq!(fake.max_held(), 2);
 }
 
 #[tokio::test]

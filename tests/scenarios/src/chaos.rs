@@ -17,7 +17,7 @@ use rand::seq::{IndexedRandom as _, SliceRandom as _};
 use rand::{Rng as _, SeedableRng as _};
 
 use crate::process::{ServiceProcess, binary};
-use crate::system::{JOBS_NAMESPACE, System};
+use crate::system::{JOBS_NAMESPACE, System, Touched};
 
 /// The services the driver kills.
 pub const SERVICES: [&str; 4] = ["scheduler", "pod-worker", "vm-worker", "reconciler"];
@@ -127,6 +127,9 @@ pub struct Chaos {
     started: Instant,
     log: Vec<String>,
     done: Vec<&'static str>,
+    /// Services actually killed, one entry per kill.
+    killed: Vec<&'static str>,
+    touched: Touched,
 }
 
 fn between(rng: &mut StdRng, lo: Duration, hi: Duration) -> Duration {
@@ -138,8 +141,9 @@ fn between(rng: &mut StdRng, lo: Duration, hi: Duration) -> Duration {
 }
 
 impl Chaos {
-    /// Draws the whole schedule from the seed. The first faults are one of every kind (in a
-    /// seeded order), so every run exercises every kind; the rest are drawn with weights.
+    /// Draws the whole schedule from the seed. The first faults are one of every kind, with a
+    /// kill of every service (in a seeded order), so every run disrupts every service, NATS and
+    /// PostgreSQL and exercises every kind; the rest are drawn with weights.
     pub fn new(config: ChaosConfig) -> Self {
         let mut rng = StdRng::seed_from_u64(config.seed);
         let max_down = config.max_down.max(Duration::from_millis(200));
@@ -160,7 +164,25 @@ impl Chaos {
                 _ => Action::CancelTask,
             }
         };
-        let mut kinds: Vec<&str> = Action::KINDS.to_vec();
+        let mut first: Vec<Option<&'static str>> = SERVICES.iter().copied().map(Some).collect();
+        first.extend(
+            Action::KINDS
+                .iter()
+                .filter(|k| **k != "kill-service")
+                .map(|_| None),
+        );
+        let mut kinds: Vec<(&str, Option<&'static str>)> = Vec::new();
+        let mut others = Action::KINDS.iter().filter(|k| **k != "kill-service");
+        for service in first {
+            match service {
+                Some(service) => kinds.push(("kill-service", Some(service))),
+                None => {
+                    if let Some(kind) = others.next() {
+                        kinds.push((kind, None));
+                    }
+                }
+            }
+        }
         kinds.shuffle(&mut rng);
         let weighted: [(&str, u32); 6] = [
             ("kill-service", 30),
@@ -173,14 +195,21 @@ impl Chaos {
         let mut schedule = Vec::new();
         let mut at = between(&mut rng, config.gap.0, config.gap.1);
         while at < config.duration {
-            let kind = match kinds.pop() {
-                Some(k) => k,
-                None => weighted
-                    .choose_weighted(&mut rng, |(_, w)| *w)
-                    .map(|(k, _)| *k)
-                    .unwrap_or("evict-pod"),
+            let action = match kinds.pop() {
+                Some((_, Some(service))) => Action::KillService {
+                    service,
+                    down: between(&mut rng, Duration::ZERO, max_down),
+                },
+                Some((kind, None)) => draw_kind(&mut rng, kind),
+                None => {
+                    let kind = weighted
+                        .choose_weighted(&mut rng, |(_, w)| *w)
+                        .map(|(k, _)| *k)
+                        .unwrap_or("evict-pod");
+                    draw_kind(&mut rng, kind)
+                }
             };
-            schedule.push((at, draw_kind(&mut rng, kind)));
+            schedule.push((at, action));
             at += between(&mut rng, config.gap.0, config.gap.1);
         }
         Self {
@@ -193,6 +222,8 @@ impl Chaos {
             started: Instant::now(),
             log: Vec::new(),
             done: Vec::new(),
+            killed: Vec::new(),
+            touched: Touched::default(),
         }
     }
 
@@ -220,6 +251,16 @@ impl Chaos {
     /// How many faults of `kind` ([`Action::kind`]) actually hit something.
     pub fn count(&self, kind: &str) -> usize {
         self.done.iter().filter(|k| **k == kind).count()
+    }
+
+    /// How many times `service` was killed.
+    pub fn killed(&self, service: &str) -> usize {
+        self.killed.iter().filter(|s| **s == service).count()
+    }
+
+    /// The Pods, sandboxes and tasks the faults hit (their jobs' results are the fault's).
+    pub fn touched(&self) -> &Touched {
+        &self.touched
     }
 
     fn note(&mut self, line: String) {
@@ -289,6 +330,7 @@ impl Chaos {
                 } else {
                     let p = system.service(service).context("unknown service")?;
                     p.kill9();
+                    self.killed.push(service);
                     self.pending
                         .push((Instant::now() + *down, Revive::Service(service)));
                     Some(String::new())
@@ -329,11 +371,10 @@ impl Chaos {
                     })
                     .collect();
                 match running.choose(&mut self.rng) {
-                    Some(name) => system
-                        .kube
-                        .evict(JOBS_NAMESPACE, name)
-                        .ok()
-                        .map(|_| name.clone()),
+                    Some(name) => system.kube.evict(JOBS_NAMESPACE, name).ok().map(|_| {
+                        self.touched.workloads.insert(name.clone());
+                        name.clone()
+                    }),
                     None => None,
                 }
             }
@@ -346,10 +387,10 @@ impl Chaos {
                     .map(|s| s.id)
                     .collect();
                 match running.choose(&mut self.rng) {
-                    Some(id) => system
-                        .sandbox
-                        .fail_sandbox(id, "ChaosCrash")
-                        .then(|| id.clone()),
+                    Some(id) => system.sandbox.fail_sandbox(id, "ChaosCrash").then(|| {
+                        self.touched.workloads.insert(id.clone());
+                        id.clone()
+                    }),
                     None => None,
                 }
             }
@@ -363,7 +404,10 @@ impl Chaos {
                     .map(|t| t.id)
                     .collect();
                 match running.choose(&mut self.rng) {
-                    Some(id) => system.forge.cancel_task(*id).then(|| format!("task {id}")),
+                    Some(id) => system.forge.cancel_task(*id).then(|| {
+                        self.touched.tasks.insert(*id);
+                        format!("task {id}")
+                    }),
                     None => None,
                 }
             }
@@ -568,4 +612,40 @@ pub async fn diagnose(system: &System) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_schedule_disrupts_every_service_nats_and_postgres() {
+        for seed in 0..500 {
+            let chaos = Chaos::new(ChaosConfig::new(seed, Duration::from_secs(60)));
+            let schedule = chaos.schedule();
+            for service in SERVICES {
+                assert!(
+                    schedule.iter().any(
+                        |(_, a)| matches!(a, Action::KillService { service: s, .. } if *s == service)
+                    ),
+                    "seed {seed}: {service} never killed"
+                );
+            }
+            for kind in Action::KINDS {
+                assert!(
+                    schedule.iter().any(|(_, a)| a.kind() == kind),
+                    "seed {seed}: no {kind}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_same_seed_gives_the_same_schedule() {
+        let a = Chaos::new(ChaosConfig::new(42, Duration::from_secs(60)));
+        let b = Chaos::new(ChaosConfig::new(42, Duration::from_secs(60)));
+        let c = Chaos::new(ChaosConfig::new(43, Duration::from_secs(60)));
+        assert_eq!(a.schedule(), b.schedule());
+        assert_ne!(a.schedule(), c.schedule());
+    }
 }

@@ -10,4 +10,4 @@ pub mod pg;
 pub mod process;
 pub mod system;
 
-pub use system::{System, SystemSpec};
+pub use system::{OutcomeReport, System, SystemSpec, Touched};

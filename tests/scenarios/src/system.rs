@@ -5,14 +5,14 @@
 //! the real facade.
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context as _;
 use jr_bus::permissions::{BackendName, Role};
 use jr_bus::testing::{NatsServer, ServiceUsers};
 use jr_fake_executor::{ExecutorConfig, run_one_shot};
-use jr_fake_forge::{FakeForge, JobSpec};
+use jr_fake_forge::{FakeForge, JobSpec, Outcome, Status, StopCause};
 use jr_fake_kube::{FakeKube, FaultRule, SimConfig};
 use jr_fake_sandbox::{FakeConfig, FakeSandbox, SandboxRun};
 
@@ -29,7 +29,9 @@ const API_KEY: &str = "scenario-api-key";
 pub struct SystemSpec {
     pub pod_capacity: usize,
     pub vm_capacity: usize,
-    /// Sandboxes the fake OpenSandbox pool holds (defaults to `vm_capacity`).
+    /// Sandboxes the fake OpenSandbox pool holds. Defaults to twice `vm_capacity`, so only the
+    /// vm-worker's own accounting keeps it within capacity (a pool exactly as large as capacity
+    /// would hide an overshoot).
     pub vm_pool: Option<usize>,
     pub kube_faults: Vec<FaultRule>,
     pub pod_start_delay: Duration,
@@ -81,6 +83,14 @@ impl Default for SystemSpec {
     }
 }
 
+/// A jetrunner metadata value of a sandbox by key name, whatever the key's prefix.
+pub fn sandbox_meta(metadata: &BTreeMap<String, String>, name: &str) -> Option<String> {
+    metadata
+        .iter()
+        .find(|(k, _)| k.rsplit('/').next() == Some(name))
+        .map(|(_, v)| v.clone())
+}
+
 /// Ports of the services' endpoints.
 #[derive(Clone, Copy, Debug)]
 pub struct Ports {
@@ -109,6 +119,35 @@ pub struct System {
     pub pod_worker: ServiceProcess,
     pub vm_worker: ServiceProcess,
     pub reconciler: ServiceProcess,
+    /// What the fake executor was told to report for each job the harness enqueued.
+    expected: Mutex<BTreeMap<jr_fake_forge::JobId, Outcome>>,
+}
+
+/// Workloads and tasks a fault hit on purpose: their jobs' results are not the executor's.
+#[derive(Clone, Debug, Default)]
+pub struct Touched {
+    /// Pod names and sandbox ids.
+    pub workloads: HashSet<String>,
+    /// Forge task ids.
+    pub tasks: HashSet<i64>,
+}
+
+/// What [`System::outcome_violations`] compared.
+#[derive(Debug, Default)]
+pub struct OutcomeReport {
+    /// Jobs whose forge result was compared with the executor's instruction.
+    pub checked: usize,
+    /// Jobs left out because a fault hit one of their workloads or tasks.
+    pub touched: usize,
+    pub violations: Vec<String>,
+}
+
+/// The result the fake executor reports for `vars` (its `JR_FAKE_OUTCOME`, default success).
+pub fn instructed_outcome(vars: &BTreeMap<String, String>) -> Outcome {
+    match vars.get(jr_fake_executor::VAR_OUTCOME).map(String::as_str) {
+        Some("failure") => Outcome::Failure,
+        _ => Outcome::Success,
+    }
 }
 
 fn executor_config(env: &BTreeMap<String, String>) -> Option<ExecutorConfig> {
@@ -160,7 +199,10 @@ impl System {
         .await?;
         let sandbox = FakeSandbox::start(FakeConfig {
             api_key: Some(API_KEY.into()),
-            pools: BTreeMap::from([(POOL.to_owned(), spec.vm_pool.unwrap_or(spec.vm_capacity))]),
+            pools: BTreeMap::from([(
+                POOL.to_owned(),
+                spec.vm_pool.unwrap_or(spec.vm_capacity * 2),
+            )]),
             stopping_for: Duration::from_millis(200),
             runner: Some(sandbox_runner()),
             ..Default::default()
@@ -215,6 +257,7 @@ impl System {
             kube,
             sandbox,
             ports,
+            expected: Mutex::new(BTreeMap::new()),
         };
         for p in system.services_mut() {
             p.spawn()?;
@@ -298,7 +341,87 @@ impl System {
             steps: 2,
             ..Default::default()
         };
-        self.forge.enqueue_jobs(spec, n)
+        let outcome = instructed_outcome(&spec.vars);
+        let ids = self.forge.enqueue_jobs(spec, n);
+        let mut expected = self
+            .expected
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for id in &ids {
+            expected.insert(*id, outcome);
+        }
+        ids
+    }
+
+    /// Compares every enqueued job's forge result with what its executor was told to report,
+    /// except for jobs a fault hit: one of their workloads is in `touched` or was faulted by
+    /// the fake Kubernetes, or their task is in `touched` or was cancelled through the forge.
+    /// A job no fault touched must have run once, through a runner's report, with exactly the
+    /// instructed result; anything else (a failure invented by jetrunner, a zombie, a second
+    /// task) is a violation. Reads the projection to map workloads to forge tasks.
+    pub async fn outcome_violations(&self, touched: &Touched) -> anyhow::Result<OutcomeReport> {
+        let records = jr_store::Store::connect(&self.database_url)
+            .await?
+            .records()
+            .await?;
+        let mut workloads = touched.workloads.clone();
+        for (pod, _) in self.kube.faulted_pods() {
+            let name = pod.rsplit('/').next().unwrap_or(&pod).to_owned();
+            workloads.insert(name);
+        }
+        let forge = self.forge.snapshot();
+        let mut tasks = touched.tasks.clone();
+        tasks.extend(
+            forge
+                .tasks
+                .iter()
+                .filter(|t| t.stop_cause == Some(StopCause::Cancelled))
+                .map(|t| t.id),
+        );
+        for record in &records {
+            let hit = record
+                .workloads
+                .keys()
+                .any(|(_, workload)| workloads.contains(workload));
+            if let (true, Some(info)) = (hit, &record.info) {
+                tasks.insert(info.forge_task_id);
+            }
+        }
+        let expected = self
+            .expected
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let mut report = OutcomeReport::default();
+        for (id, want) in expected {
+            let Some(job) = forge.job(id) else {
+                report
+                    .violations
+                    .push(format!("job {id:?} unknown to the forge"));
+                continue;
+            };
+            if job.task_ids.iter().any(|t| tasks.contains(t)) {
+                report.touched += 1;
+                continue;
+            }
+            report.checked += 1;
+            let runs: Vec<_> = job
+                .task_ids
+                .iter()
+                .filter_map(|t| forge.task(*t))
+                .map(|t| (t.id, t.status, t.stop_cause))
+                .collect();
+            let as_told = job.status == Status::Done(want)
+                && matches!(runs.as_slice(), [(_, status, Some(StopCause::Runner))] if *status == Status::Done(want));
+            if !as_told {
+                report.violations.push(format!(
+                    "job {id:?}: the executor was told {}, the forge has {:?} from tasks {runs:?}",
+                    want.as_str(),
+                    job.status
+                ));
+            }
+        }
+        Ok(report)
     }
 
     /// How many of `jobs` have a final result.
@@ -414,18 +537,22 @@ impl System {
         if kube.live != 0 {
             v.push(format!("{} Pods left", kube.live));
         }
-        if self.sandbox.max_live() > self.spec.vm_capacity {
+        if kube.secrets != 0 {
+            v.push(format!("{} token Secrets left", kube.secrets));
+        }
+        // By the server's own view: every sandbox holding or waiting for a VM.
+        if self.sandbox.max_held() > self.spec.vm_capacity {
             v.push(format!(
-                "{} live sandboxes at once, capacity {}",
-                self.sandbox.max_live(),
+                "{} sandboxes held at once, capacity {}",
+                self.sandbox.max_held(),
                 self.spec.vm_capacity
             ));
         }
         let mut attempts = HashSet::new();
         for s in self.sandbox.created().iter().filter(|s| s.allocated) {
             let key = (
-                s.metadata.get("jetrunner.io/assignment").cloned(),
-                s.metadata.get("jetrunner.io/attempt").cloned(),
+                sandbox_meta(&s.metadata, "assignment"),
+                sandbox_meta(&s.metadata, "attempt"),
             );
             if !attempts.insert(key.clone()) {
                 v.push(format!("two sandboxes for assignment attempt {key:?}"));

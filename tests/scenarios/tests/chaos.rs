@@ -7,7 +7,9 @@
 use std::time::Duration;
 
 use jr_fake_kube::{Fault, FaultRule, PodSelector};
-use jr_scenarios::chaos::{Action, Chaos, ChaosConfig, diagnose, keep_logs, seed_from_env};
+use jr_scenarios::chaos::{
+    Action, Chaos, ChaosConfig, SERVICES, diagnose, keep_logs, seed_from_env,
+};
 use jr_scenarios::consistency::{check_projection, wait_projection_settled};
 use jr_scenarios::{System, SystemSpec};
 use jr_store::Store;
@@ -114,6 +116,13 @@ async fn mixed_run_under_chaos_keeps_every_invariant() -> anyhow::Result<()> {
     for kind in ["kill-service", "restart-nats", "restart-postgres"] {
         assert!(chaos.count(kind) > 0, "no {kind} happened\n{}", chaos.log());
     }
+    for service in SERVICES {
+        assert!(
+            chaos.killed(service) > 0,
+            "{service} was never killed\n{}",
+            chaos.log()
+        );
+    }
     assert!(
         chaos.count("evict-pod") + chaos.count("fail-sandbox") + chaos.count("cancel-task") > 0,
         "{}",
@@ -185,6 +194,31 @@ async fn mixed_run_under_chaos_keeps_every_invariant() -> anyhow::Result<()> {
         records.iter().filter(|r| r.info.is_some()).count(),
         JOBS as usize,
         "one assignment per job"
+    );
+    // Every job no fault hit ends with exactly the result its executor was told to report:
+    // killing services, NATS or Postgres must not change a job's outcome.
+    let outcomes = match system.outcome_violations(chaos.touched()).await {
+        Ok(o) => o,
+        Err(e) => return Err(report(&chaos, &mut system, e).await),
+    };
+    println!(
+        "outcomes: {} jobs compared with their executor's instruction, {} hit by a fault",
+        outcomes.checked, outcomes.touched
+    );
+    if !outcomes.violations.is_empty() {
+        return Err(report(
+            &chaos,
+            &mut system,
+            format!(
+                "results differ from the executors': {:#?}",
+                outcomes.violations
+            ),
+        )
+        .await);
+    }
+    assert!(
+        outcomes.checked >= JOBS as usize / 2,
+        "too few jobs compared: {outcomes:?}"
     );
     println!("{}", chaos.log());
     Ok(())

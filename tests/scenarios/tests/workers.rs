@@ -1,17 +1,21 @@
 //! Worker scenarios on the whole system: capacity is never exceeded while work waits in
 //! JetStream, kill -9 of a worker at random points loses, duplicates and leaks nothing, a
-//! create call that times out on the client adopts the sandbox the server made, and one backend
-//! stalling (worker dead, API down) does not slow the other.
+//! create call that times out on the client adopts the sandbox the server made, a pool smaller
+//! than demand never spends an attempt, and one backend stalling (worker dead, API down) does
+//! not hold up the other (its jobs complete while the stalled backend's cannot; how long they
+//! take is printed, not asserted: timing belongs to the benchmark).
 //!
 //! Needs the service binaries: `cargo build --bins -p scheduler -p pod-worker -p vm-worker -p
 //! reconciler`, then `cargo test -p jr-scenarios --test workers -- --test-threads=1`. The
-//! `#[ignore]`d `full_size_*` tests run the issue's sizes (500 pod jobs / capacity 20, 300 vm
-//! jobs / pool 15): `-- --ignored --test-threads=1`. `JR_SEED=<n>` replays the random kill points.
+//! `#[ignore]`d `full_size_*` tests run the issue sizes (500 pod jobs / capacity 20, 300 vm
+//! jobs / pool 15, 360 vm jobs with a pool of 6 three times): `-- --ignored --test-threads=1`. `JR_SEED=<n>` replays the random kill points.
 
 use std::time::{Duration, Instant};
 
 use jr_fake_forge::JobId;
-use jr_scenarios::{System, SystemSpec};
+use jr_scenarios::consistency::wait_projection_settled;
+use jr_scenarios::system::sandbox_meta;
+use jr_scenarios::{System, SystemSpec, Touched};
 use rand::rngs::StdRng;
 use rand::{Rng as _, SeedableRng as _};
 
@@ -46,6 +50,13 @@ async fn settle(system: &mut System, timeout: Duration) -> anyhow::Result<()> {
     let violations = system.violations();
     save_logs(system);
     assert!(violations.is_empty(), "{violations:#?}\n{}", system.logs());
+    // No fault touches a job here: every result must be the one its executor was told.
+    let outcomes = system.outcome_violations(&Touched::default()).await?;
+    assert!(
+        outcomes.violations.is_empty() && outcomes.touched == 0,
+        "{outcomes:#?}\n{}",
+        system.logs()
+    );
     Ok(())
 }
 
@@ -295,15 +306,99 @@ async fn full_size_vm_capacity_with_create_timeouts() -> anyhow::Result<()> {
 // ---------------------------------------------------------------------------------------------
 // 4. A pool smaller than the worker's capacity: back-pressure is not failure
 
+/// Kills `service` `n` times while `jobs` run, each when a random share of them (spread over
+/// the run) is final, restarting it after a short random pause. Returns how many jobs were
+/// final at each kill.
+async fn kill_during_run(
+    system: &mut System,
+    service: &str,
+    jobs: &[JobId],
+    n: usize,
+    rng: &mut StdRng,
+    timeout: Duration,
+) -> anyhow::Result<Vec<usize>> {
+    let mut shares: Vec<f64> = (0..n).map(|_| rng.random_range(0.05..0.85)).collect();
+    shares.sort_by(f64::total_cmp);
+    let mut final_at_kill = Vec::new();
+    for share in shares {
+        #[expect(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            clippy::cast_precision_loss,
+            reason = "a share of a few hundred jobs"
+        )]
+        let target = (share * jobs.len() as f64) as usize;
+        let reached = system
+            .forge
+            .wait_until(
+                |s| {
+                    jobs.iter()
+                        .filter(|id| s.job(**id).is_some_and(|j| j.status.is_final()))
+                        .count()
+                        >= target
+                },
+                timeout,
+            )
+            .await;
+        check(
+            system,
+            "waiting for the next kill point",
+            reached.map(|_| ()).map_err(anyhow::Error::from),
+        )
+        .await?;
+        final_at_kill.push(system.final_count(jobs));
+        let pause = millis(rng, 100..1_500);
+        let process = system.service(service).expect("a service of the system");
+        process.kill9();
+        eprintln!(
+            "kill -9 {service} at {} of {} jobs final, restart after {pause:?}",
+            final_at_kill.last().copied().unwrap_or_default(),
+            jobs.len()
+        );
+        tokio::time::sleep(pause).await;
+        process.restart()?;
+        let ready = process.wait_ready(Duration::from_secs(60)).await;
+        check(system, "restarted worker ready", ready).await?;
+    }
+    Ok(final_at_kill)
+}
+
+/// The projection once it holds `n` assignments and nothing is left to happen to any of them.
+async fn projection_with(
+    database_url: &str,
+    n: usize,
+) -> anyhow::Result<Vec<jr_store::AssignmentRecord>> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let records = wait_projection_settled(database_url, left).await?;
+        let known = records.iter().filter(|r| r.info.is_some()).count();
+        if known >= n {
+            return Ok(records);
+        }
+        anyhow::ensure!(
+            !left.is_zero(),
+            "the projection holds {known} of {n} assignments"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// The worker may hold more workloads than the OpenSandbox pool has VMs, so creates wait and end
-/// in 429 while the server briefly lists (and then deletes) what it made. None of that may read
-/// as a failed workload: no attempt is spent, every job runs once on attempt 1.
+/// in 429 while the server briefly lists (and then deletes) what it made; the vm-worker is also
+/// killed `kills` times. None of that may read as a failed workload: no attempt is spent (no
+/// redispatch at all, as no fault touches a workload), every job runs once on attempt 1 with
+/// its executor's result, no sandbox is ever created for an attempt other than its
+/// assignment's current one, at most one gets a VM per attempt, and the sandboxes held or
+/// waiting never exceed the worker's capacity by the server's own count.
 async fn vm_pool_smaller_than_capacity(
     jobs: u32,
     capacity: usize,
     pool: usize,
+    kills: usize,
     timeout: Duration,
 ) -> anyhow::Result<()> {
+    let mut rng = rng("vm pool smaller than demand");
     let spec = SystemSpec {
         vm_capacity: capacity,
         vm_pool: Some(pool),
@@ -312,43 +407,75 @@ async fn vm_pool_smaller_than_capacity(
     let mut system = System::start(spec).await?;
     let started = Instant::now();
     let ids = system.enqueue_ids("vm", jobs, &[("JR_FAKE_DURATION_MS", "300")]);
+    let final_at_kill =
+        kill_during_run(&mut system, "vm-worker", &ids, kills, &mut rng, timeout).await?;
     settle(&mut system, timeout).await?;
     let created = system.sandbox.created();
     let refused = created.iter().filter(|s| !s.allocated).count();
-    let allocated: Vec<_> = created.iter().filter(|s| s.allocated).collect();
-    let attempt = |s: &&jr_fake_sandbox::CreatedSandbox| {
-        s.metadata
-            .iter()
-            .find(|(k, _)| k.ends_with("/attempt"))
-            .map(|(_, v)| v.clone())
-    };
-    let later_attempts = allocated
+    let allocated = created.iter().filter(|s| s.allocated).count();
+    let projected = projection_with(&system.database_url, jobs as usize).await;
+    let records = check(&mut system, "waiting for the projection", projected).await?;
+    let redispatched: Vec<_> = records
         .iter()
-        .filter(|s| attempt(s).as_deref() != Some("1"))
-        .count();
+        .filter(|r| !r.redispatches.is_empty() || r.attempts.keys().any(|a| *a != 1))
+        .map(|r| r.id)
+        .collect();
+    let current: std::collections::HashMap<String, u32> = records
+        .iter()
+        .filter_map(|r| Some((r.id.to_string(), *r.attempts.keys().max()?)))
+        .collect();
+    let stale: Vec<_> = created
+        .iter()
+        .filter(|s| {
+            let assignment = sandbox_meta(&s.metadata, "assignment").unwrap_or_default();
+            let attempt = sandbox_meta(&s.metadata, "attempt").and_then(|a| a.parse().ok());
+            attempt.is_none() || current.get(&assignment).copied() != attempt
+        })
+        .map(|s| s.id.clone())
+        .collect();
     eprintln!(
-        "vm pool {pool} < capacity {capacity}: {jobs} jobs done in {:?}; {refused} creates refused as full, {} VMs allocated, {later_attempts} on a later attempt, at most {} live",
+        "vm pool {pool} < capacity {capacity}: {jobs} jobs, vm-worker killed at {final_at_kill:?} final, done in {:?}; {refused} creates refused as full, {allocated} VMs allocated, {} redispatched, {} sandboxes for a superseded attempt, at most {} held (capacity {capacity}), {} with a VM",
         started.elapsed(),
-        allocated.len(),
-        system.sandbox.max_live()
+        redispatched.len(),
+        stale.len(),
+        system.sandbox.max_held(),
+        system.sandbox.max_live(),
     );
     assert!(
         refused > 0,
         "the pool never said full: this run proves nothing"
     );
-    assert_eq!(system.final_count(&ids), ids.len());
-    assert_eq!(
-        later_attempts, 0,
-        "a full pool spent an attempt (redispatch)"
+    assert!(
+        final_at_kill.iter().all(|n| *n < ids.len()),
+        "a kill came after the run ended: {final_at_kill:?}"
     );
-    assert_eq!(allocated.len(), jobs as usize, "one VM per job");
-    assert!(system.sandbox.max_live() <= pool);
+    assert_eq!(system.final_count(&ids), ids.len());
+    assert!(
+        redispatched.is_empty(),
+        "attempts spent without a fault: {redispatched:?}"
+    );
+    assert!(
+        stale.is_empty(),
+        "sandboxes created for a superseded attempt: {stale:?}"
+    );
+    assert_eq!(allocated, jobs as usize, "one VM per job");
+    assert!(system.sandbox.max_held() <= capacity);
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_full_pool_delays_jobs_but_never_spends_an_attempt() -> anyhow::Result<()> {
-    vm_pool_smaller_than_capacity(30, 6, 2, Duration::from_secs(240)).await
+    vm_pool_smaller_than_capacity(60, 6, 3, 2, Duration::from_secs(300)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "the issue's acceptance (360 jobs, pool smaller than demand, two kills, three runs): several minutes"]
+async fn full_size_full_pool_three_runs() -> anyhow::Result<()> {
+    for run in 1..=3 {
+        eprintln!("run {run} of 3");
+        vm_pool_smaller_than_capacity(360, 12, 6, 2, Duration::from_secs(900)).await?;
+    }
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -366,15 +493,6 @@ async fn run_batch(
     let done = system.wait_jobs_final(&ids, timeout).await;
     check(system, &format!("{n} {label} jobs final"), done).await?;
     Ok((ids, started.elapsed()))
-}
-
-/// Generous: the stalled backend may cost a little CPU, but not a multiple of the baseline.
-fn assert_not_slowed(what: &str, baseline: Duration, measured: Duration) {
-    let bound = baseline * 3 + Duration::from_secs(5);
-    assert!(
-        measured <= bound,
-        "{what}: {measured:?}, baseline {baseline:?}, bound {bound:?}"
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -406,11 +524,6 @@ async fn a_stalled_backend_does_not_hold_up_the_other() -> anyhow::Result<()> {
         system.kube.rejected_requests() > 0,
         "the pod-worker did meet the outage"
     );
-    assert_not_slowed(
-        "vm jobs while the Kubernetes API is down",
-        vm_baseline,
-        vm_api_down,
-    );
 
     // The pod-worker is dead as well (not restarted): vm jobs still run.
     system.pod_worker.kill9();
@@ -419,11 +532,6 @@ async fn a_stalled_backend_does_not_hold_up_the_other() -> anyhow::Result<()> {
         system.final_count(&stuck_pods),
         0,
         "pod jobs cannot finish without a pod-worker"
-    );
-    assert_not_slowed(
-        "vm jobs while the pod-worker is dead",
-        vm_baseline,
-        vm_worker_dead,
     );
     eprintln!(
         "isolation: vm jobs with the Kubernetes API down {vm_api_down:?}, with the pod-worker dead too {vm_worker_dead:?}"
@@ -450,11 +558,6 @@ async fn a_stalled_backend_does_not_hold_up_the_other() -> anyhow::Result<()> {
         system.final_count(&stuck_vms),
         0,
         "vm jobs cannot finish while OpenSandbox is down"
-    );
-    assert_not_slowed(
-        "pod jobs while OpenSandbox is down",
-        pod_baseline,
-        pod_sandbox_down,
     );
     eprintln!("isolation: pod jobs with OpenSandbox down {pod_sandbox_down:?}");
 
