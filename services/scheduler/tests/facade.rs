@@ -182,7 +182,7 @@ async fn invisible_assignment_gets_no_task_instead_of_unauthenticated() {
     );
     // The hash arrives: the task is delivered.
     h.ledger
-        .set_token_hash(id, Some(jr_scheduler::facade::token_hash(TOKEN)));
+        .set_token_hash(id, Some(jr_protocol::TokenHash::of_token(TOKEN)));
     assert_eq!(fetch(&early).await.map(|t| t.id), Some(13));
     h.stop().await;
 }

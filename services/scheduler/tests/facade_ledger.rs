@@ -125,7 +125,7 @@ async fn ledger_failures_ask_the_executor_to_retry_and_lose_nothing() {
                 &task(71).encode_to_vec(),
             )
             .expect("seal"),
-        token_hash: Some(jr_scheduler::facade::token_hash(TOKEN)),
+        token_hash: Some(jr_protocol::TokenHash::of_token(TOKEN)),
         claimed: false,
         terminal: false,
     });

@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{AssignmentId, BackendName};
+use crate::token_hash::TokenHash;
 
 /// W3C trace context carried inside the envelope as well as in the `traceparent` header, so a
 /// trace survives tools that copy bodies without headers.
@@ -215,7 +216,7 @@ pub struct WorkloadRequested {
     pub backend: BackendName,
     pub workload: String,
     /// Lower-case hex SHA-256 of the per-attempt executor token.
-    pub token_hash: String,
+    pub token_hash: TokenHash,
     pub worker_id: String,
 }
 
@@ -224,7 +225,7 @@ pub struct WorkloadCreated {
     pub backend: BackendName,
     /// Backend reference of the workload: Pod name or sandbox id.
     pub workload: String,
-    pub token_hash: String,
+    pub token_hash: TokenHash,
     pub worker_id: String,
 }
 

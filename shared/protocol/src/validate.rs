@@ -60,12 +60,12 @@ pub(crate) fn check(envelope: &Envelope) -> Result<(), String> {
         }
         Message::WorkloadRequested(r) => {
             name("workload", &r.workload)?;
-            name("token_hash", &r.token_hash)?;
+            name("token_hash", r.token_hash.as_str())?;
             name("worker_id", &r.worker_id)?;
         }
         Message::WorkloadCreated(c) => {
             name("workload", &c.workload)?;
-            name("token_hash", &c.token_hash)?;
+            name("token_hash", c.token_hash.as_str())?;
             name("worker_id", &c.worker_id)?;
         }
         Message::WorkloadObserved(o) => {

@@ -34,13 +34,13 @@ fn samples() -> Vec<Envelope> {
         Message::WorkloadRequested(WorkloadRequested {
             backend: pod(),
             workload: "jr-x-1".into(),
-            token_hash: "ab".repeat(32),
+            token_hash: TokenHash::from_published("ab".repeat(32)),
             worker_id: "pod-worker-0".into(),
         }),
         Message::WorkloadCreated(WorkloadCreated {
             backend: pod(),
             workload: "jr-x-1".into(),
-            token_hash: "ab".repeat(32),
+            token_hash: TokenHash::of_token("per-attempt-token"),
             worker_id: "pod-worker-0".into(),
         }),
         Message::WorkloadObserved(WorkloadObserved {

@@ -57,7 +57,7 @@ impl AssignmentRecord {
                     record.workload.get_or_insert_with(|| r.workload.clone());
                     record
                         .token_hash
-                        .get_or_insert_with(|| r.token_hash.clone());
+                        .get_or_insert_with(|| r.token_hash.to_string());
                     record.worker_id.get_or_insert_with(|| r.worker_id.clone());
                 }
             }
@@ -67,7 +67,7 @@ impl AssignmentRecord {
                     record.created_at = Some(at);
                     record.backend = Some(c.backend.clone());
                     record.workload = Some(c.workload.clone());
-                    record.token_hash = Some(c.token_hash.clone());
+                    record.token_hash = Some(c.token_hash.to_string());
                     record.worker_id = Some(c.worker_id.clone());
                 }
                 let workload = self.workload_mut(&c.backend, &c.workload, attempt, at);

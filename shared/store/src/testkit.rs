@@ -4,7 +4,7 @@
 use jr_protocol::{
     Assignment, AssignmentId, BackendName, Claimed, Envelope, ExecutorFinished, Message,
     Redispatched, Released, SealedTask, TaskFailed, TaskResult, Terminal, TerminalSource,
-    WorkloadCreated, WorkloadObserved, WorkloadPhase, WorkloadRequested,
+    TokenHash, WorkloadCreated, WorkloadObserved, WorkloadPhase, WorkloadRequested,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -66,7 +66,7 @@ impl Builder {
             Message::WorkloadRequested(WorkloadRequested {
                 backend: self.backend.clone(),
                 workload: self.workload(attempt),
-                token_hash: format!("hash-{attempt}"),
+                token_hash: TokenHash::from_published(format!("hash-{attempt}")),
                 worker_id: "worker-1".into(),
             }),
         )
@@ -79,7 +79,7 @@ impl Builder {
             Message::WorkloadCreated(WorkloadCreated {
                 backend: self.backend.clone(),
                 workload: self.workload(attempt),
-                token_hash: format!("hash-{attempt}"),
+                token_hash: TokenHash::from_published(format!("hash-{attempt}")),
                 worker_id: "worker-1".into(),
             }),
         )

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use jr_bus::{Bus, ConsumerSpec, Disposition, Topology};
 use jr_protocol::{
-    Assignment, BackendName, Envelope, Kind, Message, Released, WorkloadCreated, WorkloadObserved,
-    WorkloadRequested, msg_id, now_ms, subject,
+    Assignment, BackendName, Envelope, Kind, Message, Released, TokenHash, WorkloadCreated,
+    WorkloadObserved, WorkloadRequested, msg_id, now_ms, subject,
 };
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
@@ -25,7 +25,7 @@ use crate::state::{
     AttemptKey, CreateAnswer, DeleteAnswer, DeliveryId, Effect, Event, Input, StateConfig,
     TicketId, WorkerState,
 };
-use crate::token::{TokenKey, token_hash};
+use crate::token::TokenKey;
 
 #[derive(Clone, Debug)]
 pub struct WorkerSettings {
@@ -75,8 +75,10 @@ impl<B> Clone for Io<B> {
 }
 
 impl<B: Backend> Io<B> {
-    fn token_hash(&self, key: AttemptKey) -> String {
-        token_hash(&self.settings.token_key.token(key.assignment, key.attempt))
+    fn token_hash(&self, key: AttemptKey) -> TokenHash {
+        self.settings
+            .token_key
+            .token_hash(key.assignment, key.attempt)
     }
 
     /// The subject and envelope of an event.

@@ -4,8 +4,8 @@
 
 use base64::Engine;
 use hmac::{Hmac, Mac};
-use jr_protocol::AssignmentId;
-use sha2::{Digest, Sha256};
+use jr_protocol::{AssignmentId, TokenHash};
+use sha2::Sha256;
 
 #[derive(Clone)]
 pub struct TokenKey(Vec<u8>);
@@ -39,11 +39,16 @@ impl TokenKey {
         mac.update(&attempt.to_be_bytes());
         hex::encode(mac.finalize().into_bytes())
     }
+
+    /// The hash of [`TokenKey::token`]: what `workload-requested`/`workload-created` carry.
+    pub fn token_hash(&self, assignment: AssignmentId, attempt: u32) -> TokenHash {
+        TokenHash::of_token(&self.token(assignment, attempt))
+    }
 }
 
-/// Lower-case hex SHA-256 of a token: what `workload-requested`/`workload-created` carry.
-pub fn token_hash(token: &str) -> String {
-    hex::encode(Sha256::digest(token.as_bytes()))
+/// [`TokenHash::of_token`], for callers that hold a token rather than the key.
+pub fn token_hash(token: &str) -> TokenHash {
+    TokenHash::of_token(token)
 }
 
 #[cfg(test)]
@@ -61,10 +66,26 @@ mod tests {
             key.token(a, 1),
             key.token(AssignmentId::for_task("f", 2), 1)
         );
-        assert_eq!(
-            token_hash("abc"),
-            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
-        );
         assert!(TokenKey::from_base64("c2hvcnQ=").is_err());
+    }
+
+    /// Tokens and their hashes are part of the contract with the facade (and with workloads
+    /// already running when a worker is upgraded): they never change for a given key.
+    #[test]
+    fn tokens_and_hashes_are_golden() {
+        let key =
+            TokenKey::from_base64("ZGV2LXRva2VuLWtleS1kZXYtdG9rZW4ta2V5LWRldiE=").expect("key");
+        let a: AssignmentId = "6a2f4c1e-9b7d-4e0a-8f3c-5d217e90b4a1"
+            .parse()
+            .expect("uuid");
+        assert_eq!(
+            key.token(a, 2),
+            "ee0433fc21353015d36b30151689ea57a599052e5292a4e3192d283593e5b1e4"
+        );
+        assert_eq!(
+            key.token_hash(a, 2).as_str(),
+            "ae3269ccb31e72771fd47831e9ccfe65855568eb5f32b18c209a11f7a5e24648"
+        );
+        assert_eq!(key.token_hash(a, 2), token_hash(&key.token(a, 2)));
     }
 }

@@ -3,9 +3,8 @@
 
 use http::HeaderMap;
 use jr_forge::wire::{HEADER_RUNNER_TOKEN, HEADER_RUNNER_UUID};
-use jr_protocol::AssignmentId;
+use jr_protocol::{AssignmentId, TokenHash};
 use rustls_pki_types::CertificateDer;
-use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use x509_parser::extensions::GeneralName;
 
@@ -100,11 +99,6 @@ impl std::fmt::Display for SpiffeId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "spiffe://{}/{}", self.trust_domain, self.path)
     }
-}
-
-/// Lower-case hex SHA-256 of an executor token: the form published in `workload-created`.
-pub fn token_hash(token: &str) -> String {
-    hex::encode(Sha256::digest(token.as_bytes()))
 }
 
 /// The caller's credentials, taken from one request.
@@ -243,10 +237,11 @@ impl<L: Ledger> Facade<L> {
                 return refuse(AuthRefusal::WrongToken);
             }
         } else if let Some(token) = token {
-            match view.token_hash.as_deref() {
+            match &view.token_hash {
                 Some(expected) => {
-                    let presented = token_hash(token);
-                    let expected = expected.trim().to_ascii_lowercase();
+                    let presented = TokenHash::of_token(token);
+                    let presented = presented.as_str();
+                    let expected = expected.as_str().trim().to_ascii_lowercase();
                     if !bool::from(presented.as_bytes().ct_eq(expected.as_bytes())) {
                         return refuse(AuthRefusal::WrongToken);
                     }
@@ -282,13 +277,5 @@ mod tests {
         ] {
             assert_eq!(SpiffeId::parse(bad), None, "{bad}");
         }
-    }
-
-    #[test]
-    fn token_hash_is_lower_hex_sha256() {
-        assert_eq!(
-            token_hash("abc"),
-            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
-        );
     }
 }

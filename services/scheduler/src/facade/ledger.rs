@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Mutex;
 
-use jr_protocol::{AssignmentId, BackendName, SealedTask, Terminal};
+use jr_protocol::{AssignmentId, BackendName, SealedTask, Terminal, TokenHash};
 
 /// What the facade knows about one assignment (fed from JetStream by the scheduler).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -18,7 +18,7 @@ pub struct AssignmentView {
     pub sealed_task: SealedTask,
     /// Lower-case hex SHA-256 of the executor token of `attempt`, from `workload-requested` or
     /// `workload-created`. `None` until that event is visible.
-    pub token_hash: Option<String>,
+    pub token_hash: Option<TokenHash>,
     /// A `claimed` event exists for this assignment.
     pub claimed: bool,
     /// A `terminal` event exists for this assignment.
@@ -121,7 +121,7 @@ impl MemoryLedger {
     }
 
     /// Sets the token hash of the current attempt (what `workload-requested` does).
-    pub fn set_token_hash(&self, id: AssignmentId, token_hash: Option<String>) {
+    pub fn set_token_hash(&self, id: AssignmentId, token_hash: Option<TokenHash>) {
         if let Some(record) = self.lock().get_mut(&id) {
             record.view.token_hash = token_hash;
         }

@@ -25,7 +25,7 @@ use jr_protocol::AssignmentId;
 
 use crate::seal::Sealer;
 
-pub use auth::{ClientIdentity, SpiffeId, token_hash};
+pub use auth::{ClientIdentity, SpiffeId};
 pub use ledger::{AssignmentView, Ledger, LedgerError, MemoryLedger, MemoryRecord};
 pub use limits::{CallRate, FacadeLimits};
 pub use rpc::router;

@@ -18,9 +18,9 @@ use jr_forge::proto::runner::v1::{
     UpdateTaskResponse,
 };
 use jr_forge::{Code, Credentials, ForgeClient, connect_error_body};
-use jr_protocol::{AssignmentId, BackendName};
+use jr_protocol::{AssignmentId, BackendName, TokenHash};
 use jr_scheduler::facade::{
-    AssignmentView, AuthMode, Facade, FacadeSettings, MemoryLedger, TlsSettings, serve, token_hash,
+    AssignmentView, AuthMode, Facade, FacadeSettings, MemoryLedger, TlsSettings, serve,
 };
 use jr_scheduler::seal::Sealer;
 use prost::Message;
@@ -388,7 +388,7 @@ pub fn add_assignment(h: &Harness, forge_task_id: i64, token: Option<&str>) -> A
         attempt: 1,
         forge_task_id,
         sealed_task: sealed,
-        token_hash: token.map(token_hash),
+        token_hash: token.map(TokenHash::of_token),
         claimed: false,
         terminal: false,
     });
