@@ -6,6 +6,7 @@ mod codec;
 mod ids;
 pub mod labels;
 mod message;
+mod reason;
 pub mod subject;
 mod token_hash;
 mod validate;
@@ -14,6 +15,7 @@ mod worker_ids;
 pub use codec::{DecodeError, decode, encode, to_json};
 pub use ids::{AssignmentId, BackendName, InvalidName};
 pub use message::*;
+pub use reason::Reason;
 pub use token_hash::TokenHash;
 pub use validate::{
     MAX_ATTEMPT, MAX_DURATION_SECS, MAX_LABELS, MAX_NAME_BYTES, MAX_TEXT_BYTES, MAX_TIME_MS,

@@ -6,11 +6,11 @@
 
 use std::collections::BTreeMap;
 
-use jr_protocol::{AssignmentId, BackendName, TaskResult, TerminalSource, WorkloadPhase};
+use jr_protocol::{AssignmentId, BackendName, Reason, TaskResult, TerminalSource, WorkloadPhase};
 use serde::Serialize;
 
 /// The `reason` a worker puts on an observation when it cannot reach its backend.
-pub const REASON_BACKEND_UNREACHABLE: &str = "backend-unreachable";
+pub const REASON_BACKEND_UNREACHABLE: &str = Reason::BackendUnreachable.as_str();
 
 /// Where an assignment is in its life. Derived from the rest of the record, never set directly,
 /// so the order in which the two streams are applied does not matter.

@@ -21,11 +21,7 @@ use crate::template::{
     PodTemplate, build_objects, owner_reference, selector,
 };
 
-pub use status::{
-    REASON_CONFIG_ERROR, REASON_DEADLINE_EXCEEDED, REASON_EVICTED, REASON_IMAGE_PULL_FAILED,
-    REASON_OOM_KILLED, REASON_START_FAILED, REASON_UNSCHEDULABLE, Tracker, observe_pod, pod_phase,
-    pod_reason,
-};
+pub use status::{Tracker, observe_pod, pod_phase, pod_reason};
 
 /// How long to wait before trying again after a ResourceQuota refused a Pod.
 const QUOTA_RETRY_AFTER: Duration = Duration::from_secs(30);

@@ -3,19 +3,11 @@
 
 use std::collections::{HashMap, HashSet};
 
-use jr_protocol::{AssignmentId, WorkloadPhase};
+use jr_protocol::{AssignmentId, Reason, WorkloadPhase};
 use jr_worker::ObservedWorkload;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 
 use crate::template::{LABEL_ASSIGNMENT, LABEL_ATTEMPT};
-
-pub const REASON_EVICTED: &str = "evicted";
-pub const REASON_OOM_KILLED: &str = "oom-killed";
-pub const REASON_IMAGE_PULL_FAILED: &str = "image-pull-failed";
-pub const REASON_UNSCHEDULABLE: &str = "unschedulable";
-pub const REASON_START_FAILED: &str = "start-failed";
-pub const REASON_CONFIG_ERROR: &str = "config-error";
-pub const REASON_DEADLINE_EXCEEDED: &str = "deadline-exceeded";
 
 /// Phase of a Pod: a set deletionTimestamp means Terminating whatever the status says.
 pub fn pod_phase(pod: &Pod) -> WorkloadPhase {
@@ -32,11 +24,11 @@ pub fn pod_phase(pod: &Pod) -> WorkloadPhase {
 }
 
 /// A short machine-readable reason, when the status explains a problem.
-pub fn pod_reason(pod: &Pod) -> Option<String> {
+pub fn pod_reason(pod: &Pod) -> Option<Reason> {
     let status = pod.status.as_ref()?;
     match status.reason.as_deref() {
-        Some("Evicted") => return Some(REASON_EVICTED.into()),
-        Some("DeadlineExceeded") => return Some(REASON_DEADLINE_EXCEEDED.into()),
+        Some("Evicted") => return Some(Reason::Evicted),
+        Some("DeadlineExceeded") => return Some(Reason::DeadlineExceeded),
         _ => {}
     }
     let containers: Vec<&ContainerStatus> = status
@@ -69,15 +61,15 @@ pub fn pod_reason(pod: &Pod) -> Option<String> {
         .flat_map(terminated)
         .any(|r| r == "OOMKilled")
     {
-        return Some(REASON_OOM_KILLED.into());
+        return Some(Reason::OomKilled);
     }
     for reason in containers.iter().filter_map(waiting) {
         match reason.as_str() {
             "ErrImagePull" | "ImagePullBackOff" | "InvalidImageName" => {
-                return Some(REASON_IMAGE_PULL_FAILED.into());
+                return Some(Reason::ImagePullFailed);
             }
             "CreateContainerConfigError" | "CreateContainerError" => {
-                return Some(REASON_CONFIG_ERROR.into());
+                return Some(Reason::ConfigError);
             }
             _ => {}
         }
@@ -87,14 +79,14 @@ pub fn pod_reason(pod: &Pod) -> Option<String> {
         .flat_map(terminated)
         .any(|r| r == "StartError" || r == "ContainerCannotRun")
     {
-        return Some(REASON_START_FAILED.into());
+        return Some(Reason::StartFailed);
     }
     let unschedulable = status.conditions.iter().flatten().any(|c| {
         c.type_ == "PodScheduled"
             && c.status == "False"
             && c.reason.as_deref() == Some("Unschedulable")
     });
-    unschedulable.then(|| REASON_UNSCHEDULABLE.into())
+    unschedulable.then_some(Reason::Unschedulable)
 }
 
 /// What the worker core sees of a Pod; `None` for a Pod without valid jetrunner labels.
@@ -107,7 +99,7 @@ pub fn observe_pod(pod: &Pod) -> Option<ObservedWorkload> {
         assignment_id,
         attempt,
         phase: pod_phase(pod),
-        reason: pod_reason(pod),
+        reason: pod_reason(pod).map(|r| r.to_string()),
     })
 }
 
@@ -191,7 +183,7 @@ mod tests {
     }
 
     fn reason(status: serde_json::Value) -> Option<String> {
-        pod_reason(&pod("p", status))
+        pod_reason(&pod("p", status)).map(|r| r.to_string())
     }
 
     #[test]

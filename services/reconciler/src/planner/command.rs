@@ -83,23 +83,3 @@ impl PlannedCommand {
         }
     }
 }
-
-/// Reasons the planner writes (on the wire in commands and events, and in logs).
-pub mod reason {
-    pub const TASK_FINISHED: &str = "task-finished";
-    pub const TERMINAL_GRACE_EXPIRED: &str = "terminal-grace-expired";
-    pub const SUPERSEDED_ATTEMPT: &str = "superseded-attempt";
-    pub const DUPLICATE_WORKLOAD: &str = "duplicate-workload";
-    pub const ORPHAN: &str = "orphan-unknown-assignment";
-    pub const CLAIM_TIMEOUT: &str = "claim-timeout";
-    pub const WORKLOAD_FAILED: &str = "workload-failed";
-    pub const WORKLOAD_EXITED: &str = "workload-exited";
-    pub const WORKLOAD_GONE: &str = "workload-gone";
-    pub const WORKLOAD_RELEASED: &str = "workload-released";
-    pub const WORKLOAD_UNKNOWN: &str = "workload-unknown";
-    pub const BACKEND_UNREACHABLE: &str = "backend-unreachable";
-    /// Prefix of fail-task reasons for work lost after the executor claimed it.
-    pub const LOST_AFTER_CLAIM: &str = "lost-after-claim";
-    /// Prefix of fail-task reasons when `max_attempts` is used up.
-    pub const ATTEMPTS_EXHAUSTED: &str = "attempts-exhausted";
-}

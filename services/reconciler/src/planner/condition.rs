@@ -4,11 +4,10 @@
 
 use std::collections::BTreeMap;
 
-use jr_protocol::{BackendName, WorkloadPhase};
+use jr_protocol::{BackendName, Reason, WorkloadPhase};
 use jr_store::{AssignmentRecord, Snapshot, WorkloadRecord};
 
 use super::PlannerConfig;
-use super::command::reason;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Condition {
@@ -112,18 +111,18 @@ pub(crate) fn workload_condition(
 ) -> Condition {
     let broken = |reason: String| Condition::Broken { reason };
     if workload.is_released() {
-        return broken(reason::WORKLOAD_RELEASED.into());
+        return broken(Reason::WorkloadReleased.to_string());
     }
     let observation = workload.observation.as_ref();
     if let Some(o) = observation {
-        let detail = |base: &str| match &o.reason {
-            Some(r) if !o.is_unreachable() => format!("{base}: {r}"),
-            _ => base.to_owned(),
+        let detail = |base: Reason| match &o.reason {
+            Some(r) if !o.is_unreachable() => base.with_detail(r),
+            _ => base.to_string(),
         };
         match o.phase {
-            WorkloadPhase::Failed => return broken(detail(reason::WORKLOAD_FAILED)),
-            WorkloadPhase::Succeeded => return broken(detail(reason::WORKLOAD_EXITED)),
-            WorkloadPhase::Gone => return broken(detail(reason::WORKLOAD_GONE)),
+            WorkloadPhase::Failed => return broken(detail(Reason::WorkloadFailed)),
+            WorkloadPhase::Succeeded => return broken(detail(Reason::WorkloadExited)),
+            WorkloadPhase::Gone => return broken(detail(Reason::WorkloadGone)),
             WorkloadPhase::Pending
             | WorkloadPhase::Running
             | WorkloadPhase::Terminating
@@ -138,13 +137,13 @@ pub(crate) fn workload_condition(
         return if now < since.saturating_add(millis(cfg.unreachable_hold)) {
             Condition::Held
         } else {
-            broken(reason::BACKEND_UNREACHABLE.into())
+            broken(Reason::BackendUnreachable.to_string())
         };
     }
     if let Some(o) = observation.filter(|o| o.phase == WorkloadPhase::Unknown)
         && now >= o.at.saturating_add(millis(cfg.lost_timeout))
     {
-        return broken(reason::WORKLOAD_UNKNOWN.into());
+        return broken(Reason::WorkloadUnknown.to_string());
     }
     Condition::Healthy {
         since: workload.created_at.unwrap_or(workload.first_seen),

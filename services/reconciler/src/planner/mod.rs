@@ -31,9 +31,10 @@ mod tests;
 
 use std::time::Duration;
 
+use jr_protocol::Reason;
 use jr_store::{AssignmentRecord, Outcome, Snapshot, WorkloadRecord};
 
-pub use command::{PlannedCommand, reason};
+pub use command::PlannedCommand;
 use condition::{BackendHealth, Condition, attempt_condition, millis, workload_condition};
 
 /// Planner timeouts (all from the `reconciler` config section).
@@ -127,9 +128,9 @@ impl AssignmentPlanner<'_> {
             let workload_done = workload.phase().is_some_and(|p| p.is_terminal());
             let executor_here = claimed_attempt == Some(workload.attempt);
             if reported || workload_done || !executor_here {
-                self.delete(workload, reason::TASK_FINISHED);
+                self.delete(workload, Reason::TaskFinished.as_str());
             } else if grace_over {
-                self.delete(workload, reason::TERMINAL_GRACE_EXPIRED);
+                self.delete(workload, Reason::TerminalGraceExpired.as_str());
             }
         }
     }
@@ -138,7 +139,7 @@ impl AssignmentPlanner<'_> {
         let grace = millis(self.cfg.orphan_grace);
         for workload in self.record.live_workloads() {
             if self.now >= workload.first_seen.saturating_add(grace) {
-                self.delete(workload, reason::ORPHAN);
+                self.delete(workload, Reason::OrphanUnknownAssignment.as_str());
             }
         }
     }
@@ -146,12 +147,12 @@ impl AssignmentPlanner<'_> {
     fn plan_claimed(&mut self, claimed: u32) {
         let record = self.record;
         for workload in record.live_workloads().filter(|w| w.attempt != claimed) {
-            self.delete(workload, reason::SUPERSEDED_ATTEMPT);
+            self.delete(workload, Reason::SupersededAttempt.as_str());
         }
         if let Condition::Broken { reason } =
             attempt_condition(record, claimed, self.health, self.now, self.cfg)
         {
-            self.fail(claimed, format!("{}: {reason}", reason::LOST_AFTER_CLAIM));
+            self.fail(claimed, Reason::LostAfterClaim.with_detail(reason));
         }
     }
 
@@ -167,11 +168,11 @@ impl AssignmentPlanner<'_> {
             .is_some_and(|a| a.created_at.is_some());
         for workload in record.live_workloads() {
             if workload.attempt != current {
-                self.delete(workload, reason::SUPERSEDED_ATTEMPT);
+                self.delete(workload, Reason::SupersededAttempt.as_str());
             } else if authoritative
                 && own.as_ref() != Some(&(workload.backend.clone(), workload.workload.clone()))
             {
-                self.delete(workload, reason::DUPLICATE_WORKLOAD);
+                self.delete(workload, Reason::DuplicateWorkload.as_str());
             }
         }
         // A redispatch that was announced but whose assignment message is not projected yet:
@@ -190,7 +191,7 @@ impl AssignmentPlanner<'_> {
             Condition::NotCreated | Condition::Held => {}
             Condition::Healthy { since } => {
                 if self.now >= since.saturating_add(millis(self.cfg.claim_timeout)) {
-                    self.retry(current, reason::CLAIM_TIMEOUT.to_owned());
+                    self.retry(current, Reason::ClaimTimeout.to_string());
                 }
             }
             Condition::Broken { reason } => self.retry(current, reason),
@@ -211,7 +212,7 @@ impl AssignmentPlanner<'_> {
         } else {
             self.fail(
                 current,
-                format!("{} ({current}): {why}", reason::ATTEMPTS_EXHAUSTED),
+                format!("{} ({current}): {why}", Reason::AttemptsExhausted),
             );
         }
     }

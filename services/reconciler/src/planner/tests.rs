@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use jr_protocol::{Envelope, WorkloadPhase};
+use jr_protocol::{Envelope, Reason, WorkloadPhase};
 use jr_store::testkit::Builder;
 use jr_store::{REASON_BACKEND_UNREACHABLE, Snapshot};
 
@@ -62,7 +62,7 @@ fn terminal_with_closed_log_deletes_the_workload_at_once() {
     events.push(b.terminal(1, 10 * SEC, true));
     let commands = plan_at(&events, 10 * SEC);
     assert_eq!(ids(&commands), [delete_id(&b, 1)]);
-    assert_eq!(commands[0].reason(), reason::TASK_FINISHED);
+    assert_eq!(commands[0].reason(), Reason::TaskFinished.as_str());
 }
 
 #[test]
@@ -73,7 +73,7 @@ fn terminal_without_a_finish_signal_waits_for_the_grace_period() {
     assert!(plan_at(&events, 10 * SEC + 29_999).is_empty());
     let commands = plan_at(&events, 40 * SEC);
     assert_eq!(ids(&commands), [delete_id(&b, 1)]);
-    assert_eq!(commands[0].reason(), reason::TERMINAL_GRACE_EXPIRED);
+    assert_eq!(commands[0].reason(), Reason::TerminalGraceExpired.as_str());
 
     events.push(b.executor_finished(1, 11 * SEC));
     assert_eq!(ids(&plan_at(&events, 11 * SEC)), [delete_id(&b, 1)]);
@@ -193,7 +193,11 @@ fn claim_timeout_deletes_and_redispatches() {
         ids(&commands),
         sorted(vec![delete_id(&b, 1), redispatch_id(&b, 2)])
     );
-    assert!(commands.iter().all(|c| c.reason() == reason::CLAIM_TIMEOUT));
+    assert!(
+        commands
+            .iter()
+            .all(|c| c.reason() == Reason::ClaimTimeout.as_str())
+    );
 }
 
 #[test]
@@ -217,7 +221,7 @@ fn unreachable_backend_is_held_before_its_workload_counts_as_lost() {
     assert!(
         commands
             .iter()
-            .all(|c| c.reason() == reason::BACKEND_UNREACHABLE)
+            .all(|c| c.reason() == Reason::BackendUnreachable.as_str())
     );
 }
 
@@ -306,7 +310,7 @@ fn workload_of_a_superseded_attempt_is_deleted() {
     ];
     let commands = plan_at(&events, 132 * SEC);
     assert_eq!(ids(&commands), [delete_id(&b, 1)]);
-    assert_eq!(commands[0].reason(), reason::SUPERSEDED_ATTEMPT);
+    assert_eq!(commands[0].reason(), Reason::SupersededAttempt.as_str());
 }
 
 #[test]
@@ -340,7 +344,10 @@ fn workload_of_an_unknown_assignment_is_deleted_after_the_orphan_grace() {
     assert!(plan_at(&events, SEC + 119_999).is_empty());
     let commands = plan_at(&events, 121 * SEC);
     assert_eq!(ids(&commands), [delete_id(&b, 1)]);
-    assert_eq!(commands[0].reason(), reason::ORPHAN);
+    assert_eq!(
+        commands[0].reason(),
+        Reason::OrphanUnknownAssignment.as_str()
+    );
 }
 
 #[test]

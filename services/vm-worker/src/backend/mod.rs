@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use jr_protocol::{AssignmentId, BackendName, WorkloadPhase, labels};
+use jr_protocol::{AssignmentId, BackendName, Reason, WorkloadPhase, labels};
 use jr_worker::{Backend, BackendError, ObservedWorkload, WorkloadSpec};
 use time::OffsetDateTime;
 use tokio::sync::{Notify, mpsc};
@@ -214,7 +214,7 @@ pub fn phase_of(status: &SandboxStatus) -> (WorkloadPhase, Option<String>) {
         SandboxState::Terminated => (WorkloadPhase::Succeeded, reason()),
         SandboxState::Failed => (
             WorkloadPhase::Failed,
-            reason().or_else(|| Some("failed".into())),
+            reason().or_else(|| Some(Reason::Failed.to_string())),
         ),
         SandboxState::Pausing
         | SandboxState::Paused
@@ -596,6 +596,10 @@ mod tests {
         assert_eq!(
             phase_of(&status("Failed", Some("TASK_FAILED"))),
             (WorkloadPhase::Failed, Some("task-failed".into()))
+        );
+        assert_eq!(
+            phase_of(&status("Failed", None)),
+            (WorkloadPhase::Failed, Some("failed".into()))
         );
         assert_eq!(
             phase_of(&status("Terminated", None)).0,

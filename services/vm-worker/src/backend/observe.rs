@@ -5,15 +5,13 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use jr_protocol::WorkloadPhase;
+use jr_protocol::{Reason, WorkloadPhase};
 use jr_worker::ObservedWorkload;
 use time::OffsetDateTime;
 use tokio::sync::mpsc;
 
 use super::{Tracked, VmBackend, deadline, ownership, phase_of};
 use crate::opensandbox::{Sandbox, SandboxError, SandboxState};
-
-pub(super) const UNREACHABLE_REASON: &str = "backend-unreachable";
 
 /// The receiver is gone: nobody needs observations any more.
 struct Closed;
@@ -145,7 +143,7 @@ impl Poller<'_> {
                 t.observed(
                     id,
                     WorkloadPhase::Unknown,
-                    Some(UNREACHABLE_REASON.to_owned()),
+                    Some(Reason::BackendUnreachable.to_string()),
                 )
             })
             .collect()

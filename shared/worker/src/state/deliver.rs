@@ -3,7 +3,7 @@
 use std::time::Instant;
 
 use jr_bus::Disposition;
-use jr_protocol::WorkloadPhase;
+use jr_protocol::{Reason, WorkloadPhase};
 
 use super::{
     AttemptKey, BusFacts, CreateAnswer, Creating, DeliveryId, Effect, Event, Stage, TicketId,
@@ -243,7 +243,7 @@ impl WorkerState {
                     key,
                     workload: workload_name(key.assignment, key.attempt),
                     phase: WorkloadPhase::Failed,
-                    reason: Some(format!("create-refused: {message}")),
+                    reason: Some(Reason::CreateRefused.with_detail(message)),
                 }],
             }),
         }

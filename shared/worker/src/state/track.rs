@@ -4,13 +4,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
-use jr_protocol::WorkloadPhase;
+use jr_protocol::{Reason, WorkloadPhase};
 
 use super::{AttemptKey, Effect, Event, Stage, WorkerState, Workload};
 use crate::backend::ObservedWorkload;
-
-/// Reason published when a workload announced before a restart is no longer listed.
-pub const VANISHED_WHILE_DOWN: &str = "vanished-while-worker-down";
 
 impl WorkerState {
     pub(super) fn recovered(
@@ -34,7 +31,7 @@ impl WorkerState {
                     key: *key,
                     workload: workload.clone(),
                     phase: WorkloadPhase::Gone,
-                    reason: Some(VANISHED_WHILE_DOWN.to_owned()),
+                    reason: Some(Reason::VanishedWhileWorkerDown.to_string()),
                 }));
                 self.release(*key, workload.clone(), now, fx);
             }
