@@ -10,7 +10,7 @@ use jr_worker::ObservedWorkload;
 use time::OffsetDateTime;
 use tokio::sync::mpsc;
 
-use super::{Tracked, VmBackend, deadline, ownership, phase_of};
+use super::{PollConfig, Tracked, VmBackend, deadline, ownership, phase_of};
 use crate::opensandbox::{Sandbox, SandboxError, SandboxState};
 
 /// The receiver is gone: nobody needs observations any more.
@@ -66,7 +66,7 @@ impl Poller<'_> {
         };
         self.failures = 0;
 
-        let now = OffsetDateTime::now_utc();
+        let (now, monotonic_now) = (OffsetDateTime::now_utc(), Instant::now());
         let mut observations = Vec::new();
         let mut renewals = Vec::new();
         let listed: HashSet<String> = sandboxes.iter().map(|s| s.id.clone()).collect();
@@ -76,9 +76,7 @@ impl Poller<'_> {
                 if let Some(observed) = record(&mut tracked, sandbox) {
                     observations.push(observed);
                 }
-                if let Some(target) =
-                    renewal_due(&tracked, sandbox, now, poll.renew_ahead, poll.renew_every)
-                {
+                if let Some(target) = renewal_due(&tracked, sandbox, now, monotonic_now, poll) {
                     renewals.push((sandbox.id.clone(), target));
                 }
             }
@@ -162,13 +160,14 @@ fn record(tracked: &mut HashMap<String, Tracked>, sandbox: &Sandbox) -> Option<O
         .then(|| entry.observed(&sandbox.id, phase, reason))
 }
 
-/// The expiry to ask for when the sandbox would expire before its deadline soon.
+/// The expiry to ask for when the sandbox would expire before its deadline soon. Expiries are
+/// compared with the wall clock `now`; renewals of one sandbox are spaced by the monotonic clock.
 fn renewal_due(
     tracked: &HashMap<String, Tracked>,
     sandbox: &Sandbox,
     now: OffsetDateTime,
-    renew_ahead: Duration,
-    renew_every: Duration,
+    monotonic_now: Instant,
+    poll: &PollConfig,
 ) -> Option<OffsetDateTime> {
     let expires_at = sandbox.expires_at?;
     let deadline = OffsetDateTime::from_unix_timestamp(deadline(sandbox)?).ok()?;
@@ -177,9 +176,9 @@ fn renewal_due(
     let entry = tracked.get(&sandbox.id)?;
     let recently = entry
         .last_renew
-        .is_some_and(|at| at.elapsed() < renew_every);
+        .is_some_and(|at| monotonic_now.saturating_duration_since(at) < poll.renew_every);
     let short = expires_at + time::Duration::seconds(5) < deadline;
-    (live && short && !recently && expires_at - now < renew_ahead).then_some(deadline)
+    (live && short && !recently && expires_at - now < poll.renew_ahead).then_some(deadline)
 }
 
 async fn send_all(
@@ -191,4 +190,64 @@ async fn send_all(
         tx.send(observed).await.map_err(|_| Closed)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use jr_protocol::{AssignmentId, labels};
+
+    fn sandbox(
+        state: &str,
+        expires_at: OffsetDateTime,
+        deadline_key: &str,
+        deadline: i64,
+    ) -> Sandbox {
+        serde_json::from_value(serde_json::json!({
+            "id": "sb-1",
+            "status": {"state": state},
+            "expiresAt": expires_at.format(&time::format_description::well_known::Rfc3339).expect("format"),
+            "metadata": {deadline_key: deadline.to_string()},
+        }))
+        .expect("sandbox")
+    }
+
+    #[test]
+    fn renewal_is_due_close_to_an_expiry_before_the_deadline_and_spaced_out() {
+        let poll = PollConfig::default();
+        let now = OffsetDateTime::from_unix_timestamp(1_800_000_000).expect("time");
+        let t0 = Instant::now();
+        let deadline = now.unix_timestamp() + 3 * 3600;
+        let mut tracked = HashMap::from([(
+            "sb-1".to_owned(),
+            Tracked::new(AssignmentId(uuid::Uuid::nil()), 1),
+        )]);
+        let soon = now + time::Duration::minutes(5);
+        let target = OffsetDateTime::from_unix_timestamp(deadline).ok();
+
+        let running = sandbox("Running", soon, labels::DEADLINE, deadline);
+        assert_eq!(renewal_due(&tracked, &running, now, t0, &poll), target);
+        // Sandboxes of older workers carry their deadline under the legacy key.
+        let legacy = sandbox("Running", soon, labels::legacy_sandbox::DEADLINE, deadline);
+        assert_eq!(renewal_due(&tracked, &legacy, now, t0, &poll), target);
+        // Far from expiring, or on its way out: nothing to do.
+        let later = sandbox(
+            "Running",
+            now + time::Duration::hours(1),
+            labels::DEADLINE,
+            deadline,
+        );
+        assert_eq!(renewal_due(&tracked, &later, now, t0, &poll), None);
+        let stopping = sandbox("Stopping", soon, labels::DEADLINE, deadline);
+        assert_eq!(renewal_due(&tracked, &stopping, now, t0, &poll), None);
+
+        // Renewed just now: not again until `renew_every` has passed.
+        if let Some(entry) = tracked.get_mut("sb-1") {
+            entry.last_renew = Some(t0);
+        }
+        let before = t0 + poll.renew_every - Duration::from_secs(1);
+        assert_eq!(renewal_due(&tracked, &running, now, before, &poll), None);
+        let after = t0 + poll.renew_every;
+        assert_eq!(renewal_due(&tracked, &running, now, after, &poll), target);
+    }
 }
