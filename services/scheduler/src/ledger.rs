@@ -21,6 +21,11 @@ use crate::unclaimed::Unclaimed;
 struct Sticky {
     claimed: bool,
     terminal: bool,
+    /// The view of the attempt whose executor claimed the task. Once an assignment is claimed,
+    /// everything in its view is fixed (backend, forge task, sealed task, the claiming attempt
+    /// and its token hash) except `terminal`, which only ever turns true; so later calls of
+    /// that executor need one read (is there a terminal yet?) instead of four or five.
+    claimed_view: Option<AssignmentView>,
 }
 
 pub struct JetStreamLedger {
@@ -134,6 +139,16 @@ impl JetStreamLedger {
 
 impl Ledger for JetStreamLedger {
     async fn lookup(&self, id: AssignmentId) -> Result<Option<AssignmentView>, LedgerError> {
+        let sticky = self.sticky(id);
+        if let Some(mut view) = sticky.claimed_view {
+            view.claimed = true;
+            view.terminal =
+                sticky.terminal || self.exists(&view.backend, id, Kind::Terminal).await?;
+            if view.terminal && !sticky.terminal {
+                self.remember(id, |s| s.terminal = true);
+            }
+            return Ok(Some(view));
+        }
         for backend in &self.backends {
             let Some(envelope) = self.genuine_assignment(backend, id).await? else {
                 continue;
@@ -161,18 +176,20 @@ impl Ledger for JetStreamLedger {
                 }
             }
             let mut sticky = self.sticky(id);
+            // The attempt that claimed, when a claim exists.
+            let mut claimed_attempt = None;
             if !sticky.claimed {
-                sticky.claimed = self.exists(backend, id, Kind::Claimed).await?;
+                claimed_attempt = self
+                    .last(STREAM_EVENTS, &subject::event(backend, id, Kind::Claimed))
+                    .await?
+                    .map(|e| e.attempt);
+                sticky.claimed = claimed_attempt.is_some();
             }
             if !sticky.terminal {
                 sticky.terminal = self.exists(backend, id, Kind::Terminal).await?;
             }
             let (claimed, terminal) = (sticky.claimed, sticky.terminal);
-            self.remember(id, |s| {
-                s.claimed |= claimed;
-                s.terminal |= terminal;
-            });
-            return Ok(Some(AssignmentView {
+            let view = AssignmentView {
                 id,
                 backend: backend.clone(),
                 attempt,
@@ -181,7 +198,18 @@ impl Ledger for JetStreamLedger {
                 token_hash,
                 claimed,
                 terminal,
-            }));
+            };
+            // Claimed by the current attempt with its token known: nothing but `terminal` can
+            // change any more.
+            let settled = claimed_attempt == Some(attempt) && view.token_hash.is_some();
+            self.remember(id, |s| {
+                s.claimed |= claimed;
+                s.terminal |= terminal;
+                if settled {
+                    s.claimed_view = Some(view.clone());
+                }
+            });
+            return Ok(Some(view));
         }
         Ok(None)
     }
@@ -208,7 +236,16 @@ impl Ledger for JetStreamLedger {
             }),
         );
         let won = self.publish_once(view, Kind::Claimed, envelope).await?;
-        self.remember(view.id, |s| s.claimed = true);
+        self.remember(view.id, |s| {
+            s.claimed = true;
+            // This executor's attempt won the claim: its view is settled (see `Sticky`).
+            if won && view.token_hash.is_some() {
+                s.claimed_view = Some(AssignmentView {
+                    claimed: true,
+                    ..view.clone()
+                });
+            }
+        });
         self.unclaimed.settled(view.id);
         Ok(won)
     }

@@ -1,0 +1,157 @@
+//! The facade's JetStream ledger against a real nats-server: once the current attempt's
+//! executor has claimed, that attempt's view is settled (only `terminal` can still change), in
+//! the replica that published the claim and in one that only read it.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use jr_forge::proto::runner::v1::Task;
+use jr_protocol::{
+    Assignment, AssignmentId, BackendName, Envelope, Kind, Message, TaskResult, Terminal,
+    TerminalSource, TokenHash, WorkloadCreated, subject,
+};
+use jr_scheduler::facade::Ledger as _;
+use jr_scheduler::ledger::JetStreamLedger;
+use jr_scheduler::seal::{SealScope, Sealer};
+use jr_scheduler::unclaimed::Unclaimed;
+use prost::Message as _;
+use support::World;
+
+fn pod() -> BackendName {
+    BackendName::new("pod").expect("name")
+}
+
+fn assignment(id: AssignmentId, attempt: u32, task_id: i64, sealer: &Sealer) -> Envelope {
+    let task = Task {
+        id: task_id,
+        ..Task::default()
+    };
+    Envelope::new(
+        format!("assignment:{id}:{attempt}:test"),
+        1_000,
+        id,
+        attempt,
+        Message::Assignment(Assignment {
+            forge_instance: "https://forge.test".into(),
+            forge_task_id: task_id,
+            backend: pod(),
+            provider: None,
+            labels: vec!["pod".into()],
+            repository: "org/repo".into(),
+            job_name: format!("job-{task_id}"),
+            max_duration_secs: 3600,
+            fetched_at: 1_000,
+            sealed_task: sealer
+                .seal(SealScope::new(id, &pod(), task_id), &task.encode_to_vec())
+                .expect("seal"),
+        }),
+    )
+}
+
+fn created(id: AssignmentId, attempt: u32, token: &str) -> Envelope {
+    Envelope::new(
+        format!("workload-created:{id}:{attempt}"),
+        1_100,
+        id,
+        attempt,
+        Message::WorkloadCreated(WorkloadCreated {
+            backend: pod(),
+            workload: format!("w-{attempt}"),
+            token_hash: TokenHash::of_token(token),
+            worker_id: "pod-1".into(),
+        }),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claimed_attempts_view_is_settled_and_only_terminal_is_read_again() {
+    let world = World::start().await;
+    let sealer = Arc::new(jr_scheduler::service::sealer_from_config(&world.config).expect("key"));
+    let ledger = || {
+        JetStreamLedger::new(
+            world.bus.clone(),
+            vec![pod()],
+            Arc::new(Unclaimed::new(Duration::from_secs(180))),
+            sealer.clone(),
+        )
+    };
+    let (publisher, reader) = (ledger(), ledger());
+    let id = AssignmentId::for_task("https://forge.test", 41);
+    let publish = |subject: String, envelope: Envelope| {
+        let bus = world.bus.clone();
+        async move { bus.publish(&subject, &envelope).await.expect("publish") }
+    };
+    publish(
+        subject::assignment(&pod(), id),
+        assignment(id, 1, 41, &sealer),
+    )
+    .await;
+    publish(
+        subject::event(&pod(), id, Kind::WorkloadCreated),
+        created(id, 1, "token-1"),
+    )
+    .await;
+
+    let view = publisher.lookup(id).await.expect("lookup").expect("known");
+    assert_eq!(
+        (view.attempt, view.claimed, view.terminal),
+        (1, false, false)
+    );
+    assert_eq!(view.token_hash, Some(TokenHash::of_token("token-1")));
+    assert!(
+        publisher
+            .publish_claimed(&view, "exec-1")
+            .await
+            .expect("claim")
+    );
+    let read = reader.lookup(id).await.expect("lookup").expect("known");
+    assert_eq!((read.attempt, read.claimed), (1, true));
+
+    // A second attempt appears on the subject after the claim (a redispatch racing the claim):
+    // the claiming attempt's executor keeps its view in both replicas.
+    publish(
+        subject::assignment(&pod(), id),
+        assignment(id, 2, 41, &sealer),
+    )
+    .await;
+    publish(
+        subject::event(&pod(), id, Kind::WorkloadCreated),
+        created(id, 2, "token-2"),
+    )
+    .await;
+    for l in [&publisher, &reader] {
+        let v = l.lookup(id).await.expect("lookup").expect("known");
+        assert_eq!(
+            (v.attempt, v.claimed, v.terminal, v.token_hash),
+            (1, true, false, Some(TokenHash::of_token("token-1")))
+        );
+    }
+    // A replica that never saw the claiming attempt as current reads the subjects as they are.
+    let fresh = ledger().lookup(id).await.expect("lookup").expect("known");
+    assert_eq!((fresh.attempt, fresh.claimed), (2, true));
+
+    // `terminal` is still read: a terminal published by anyone shows in every replica.
+    publish(
+        subject::event(&pod(), id, Kind::Terminal),
+        Envelope::new(
+            format!("terminal:{id}:fail-task"),
+            2_000,
+            id,
+            1,
+            Message::Terminal(Terminal {
+                forge_task_id: 41,
+                result: TaskResult::Failure,
+                source: TerminalSource::FailTask,
+                log_closed: false,
+                reason: None,
+            }),
+        ),
+    )
+    .await;
+    for l in [&publisher, &reader] {
+        let v = l.lookup(id).await.expect("lookup").expect("known");
+        assert_eq!((v.attempt, v.claimed, v.terminal), (1, true, true));
+    }
+}
