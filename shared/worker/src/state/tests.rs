@@ -281,6 +281,10 @@ fn a_deleted_workload_is_released_once_when_gone() {
         now,
     ));
     all.extend(s.on(
+        Input::Observed(seen(key(1, 1), "w1", WorkloadPhase::Terminating)),
+        now,
+    ));
+    all.extend(s.on(
         Input::Observed(seen(key(1, 1), "w1", WorkloadPhase::Gone)),
         now,
     ));
@@ -296,6 +300,17 @@ fn a_deleted_workload_is_released_once_when_gone() {
         .filter(|e| matches!(e, Effect::Publish(Event::Released { .. })))
         .count();
     assert_eq!(released, 1, "{all:?}");
+    // Nothing repeats what the delete command and `released` already say.
+    assert!(
+        !all.iter().any(|e| matches!(
+            e,
+            Effect::Publish(Event::Observed {
+                phase: WorkloadPhase::Terminating | WorkloadPhase::Gone,
+                ..
+            })
+        )),
+        "{all:?}"
+    );
     assert_eq!(s.used(), 0);
     // The attempt had its workload: a redelivery creates nothing.
     let fx = deliver(&mut s, 4, key(1, 1), BusFacts::default(), now);

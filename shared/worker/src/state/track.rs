@@ -105,10 +105,14 @@ impl WorkerState {
                 return;
             }
             let changed = w.phase != o.phase || w.reason != o.reason;
+            // Terminating because we deleted it on the reconciler's command tells nobody
+            // anything: `released` follows when it is gone.
+            let own_delete =
+                o.phase == WorkloadPhase::Terminating && matches!(w.stage, Stage::Deleting { .. });
             w.phase = o.phase;
             w.reason = o.reason.clone();
             w.updated = now;
-            if changed && w.is_announced() {
+            if changed && w.is_announced() && !own_delete {
                 fx.push(Effect::Publish(Event::Observed {
                     key: w.key,
                     workload: o.workload,
@@ -177,12 +181,7 @@ impl WorkerState {
             return;
         };
         if w.is_announced() {
-            fx.push(Effect::Publish(Event::Observed {
-                key: w.key,
-                workload: name.to_owned(),
-                phase: WorkloadPhase::Gone,
-                reason: None,
-            }));
+            // `released` says it is gone; a separate `gone` observation would only repeat it.
             self.release(w.key, name.to_owned(), now, fx);
         }
     }
