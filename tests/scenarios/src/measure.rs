@@ -409,6 +409,28 @@ pub fn lag_message(k: u64, at: u64) -> (usize, String, Envelope) {
     }
 }
 
+/// Stored messages per job by kind (`assignment`, `workload-observed`, …), from the decoded
+/// streams, most frequent first: where the messages of a lifecycle go.
+pub fn per_job_by_kind<'a>(
+    envelopes: impl IntoIterator<Item = &'a Envelope>,
+    jobs: u32,
+) -> Vec<(&'static str, f64)> {
+    let mut counts: BTreeMap<&'static str, u64> = BTreeMap::new();
+    for e in envelopes {
+        *counts.entry(e.kind().as_str()).or_default() += 1;
+    }
+    #[expect(
+        clippy::cast_precision_loss,
+        reason = "message counts of a benchmark run"
+    )]
+    let mut out: Vec<(&'static str, f64)> = counts
+        .into_iter()
+        .map(|(kind, n)| (kind, n as f64 / f64::from(jobs.max(1))))
+        .collect();
+    out.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(b.0)));
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Instant;
@@ -416,6 +438,21 @@ mod tests {
     use jr_store::MemoryProjection;
 
     use super::*;
+
+    #[test]
+    fn messages_per_job_are_counted_by_kind_most_frequent_first() {
+        let (assignments, events) = complete_lifecycles(1, 4);
+        let all: Vec<&Envelope> = assignments
+            .iter()
+            .chain(events.iter())
+            .map(|(_, e)| e)
+            .collect();
+        let by_kind = per_job_by_kind(all, 4);
+        assert_eq!(by_kind.first(), Some(&("workload-observed", 2.0)));
+        assert_eq!(by_kind.len(), 7, "{by_kind:?}");
+        let total: f64 = by_kind.iter().map(|(_, n)| n).sum();
+        assert!((total - 8.0).abs() < 1e-9, "{by_kind:?}");
+    }
 
     #[test]
     fn percentiles_are_nearest_rank() {
