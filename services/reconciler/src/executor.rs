@@ -5,24 +5,23 @@
 //! message id (`<command id>@<period>`): copies within one period are duplicates, but a command
 //! the planner still asks for a period later is delivered again. Its first delivery may have had
 //! no lasting effect (a worker killed between deleting a workload and reporting it released),
-//! and the streams' duplicate window (minutes) would otherwise swallow every reissue.
+//! and the streams' duplicate window (minutes) would otherwise swallow every reissue. Which
+//! commands to publish when (new ones at once, wanted ones again each period) is the
+//! incremental planner's decision; the executor publishes what it is given.
 
 use jr_protocol::now_ms;
-use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use jr_bus::{Bus, BusError};
 use jr_protocol::{DeleteWorkload, Envelope, FailTask, Kind, Message, Redispatch, subject};
 
 use crate::planner::PlannedCommand;
 
-/// Publishes commands, skipping ones issued within `reissue_after` (they are in flight; the
-/// server would drop them as duplicates anyway, this saves the round trip).
+/// Publishes commands.
 pub struct Executor {
     bus: Bus,
     metrics: std::sync::Arc<crate::metrics::ReconcilerMetrics>,
     reissue_after: Duration,
-    issued: HashMap<String, Instant>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -41,22 +40,22 @@ impl Executor {
             bus,
             metrics,
             reissue_after,
-            issued: HashMap::new(),
         }
     }
 
-    /// Executes `commands`; returns how many were published now.
-    pub async fn execute(&mut self, commands: &[PlannedCommand]) -> usize {
-        let now = Instant::now();
-        self.issued
-            .retain(|_, at| now.duration_since(*at) < self.reissue_after);
-        let mut published = 0;
+    /// Publishes `commands` planned at `planned_at` (unix ms; it picks the reissue period of
+    /// their message ids, so a command planned again a period later is never a duplicate);
+    /// returns the ones that could not be published.
+    pub async fn execute(
+        &mut self,
+        commands: &[PlannedCommand],
+        planned_at: u64,
+    ) -> Vec<PlannedCommand> {
+        let mut failed = Vec::new();
         for command in commands {
             let id = command.id();
-            if self.issued.contains_key(&id) {
-                continue;
-            }
-            match self.publish(command, &id).await {
+            let message_id = self.message_id(&id, planned_at);
+            match self.publish(command, message_id).await {
                 Ok(()) => {
                     tracing::info!(command = %id, reason = command.reason(), "command issued");
                     self.metrics
@@ -65,27 +64,30 @@ impl Executor {
                             kind: command.kind().to_owned(),
                         })
                         .inc();
-                    self.issued.insert(id, now);
-                    published += 1;
                 }
                 Err(e) => {
-                    tracing::warn!(command = %id, error = %e, "command not issued; will retry")
+                    tracing::warn!(command = %id, error = %e, "command not issued; will retry");
+                    failed.push(command.clone());
                 }
             }
         }
-        published
+        failed
     }
 
     /// `<command id>@<reissue period number>`: the same within a period (whichever reconciler
     /// instance publishes), new in the next one.
-    fn message_id(&self, id: &str) -> String {
+    fn message_id(&self, id: &str, at: u64) -> String {
         let period = u64::try_from(self.reissue_after.as_millis())
             .unwrap_or(u64::MAX)
             .max(1);
-        format!("{id}@{}", now_ms() / period)
+        format!("{id}@{}", at / period)
     }
 
-    async fn publish(&self, command: &PlannedCommand, id: &str) -> Result<(), ExecuteError> {
+    async fn publish(
+        &self,
+        command: &PlannedCommand,
+        message_id: String,
+    ) -> Result<(), ExecuteError> {
         match command {
             PlannedCommand::DeleteWorkload {
                 backend,
@@ -95,7 +97,7 @@ impl Executor {
                 reason,
             } => {
                 let envelope = Envelope::new(
-                    self.message_id(id),
+                    message_id,
                     now_ms(),
                     *assignment_id,
                     *attempt,
@@ -120,7 +122,7 @@ impl Executor {
                 reason,
             } => {
                 let envelope = Envelope::new(
-                    self.message_id(id),
+                    message_id,
                     now_ms(),
                     *assignment_id,
                     *attempt,
@@ -146,7 +148,7 @@ impl Executor {
                 // The scheduler, the only writer of `jr.assignment.>`, publishes the new attempt
                 // (from its own sealed assignment) and the `redispatched` event.
                 let envelope = Envelope::new(
-                    self.message_id(id),
+                    message_id,
                     now_ms(),
                     *assignment_id,
                     next_attempt.saturating_sub(1),

@@ -13,17 +13,114 @@
 //! the store as a rejected item, and the store quarantines it, and any message the database
 //! refuses, in the same transaction that moves the checkpoint past it. Only errors that can pass
 //! (Postgres unreachable, a lock timeout, ...) make it retry the same batch.
+//!
+//! After each commit it hands the records the batch changed, as committed, to the planner's
+//! copy of the projection through the [`Feed`], in commit order. When it starts over from the
+//! stored checkpoint (its view of what was committed may be wrong), it asks for that copy to be
+//! loaded again from Postgres.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::{DeliverPolicy, pull::OrderedConfig};
 use futures::StreamExt;
 use jr_bus::Bus;
-use jr_store::{Store, StreamMessage};
+use jr_store::{AssignmentRecord, Store, StoreError, StreamMessage};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
+
+/// From the projectors to the planner: the records each committed batch changed, in the order
+/// the batches were committed, and whether the planner's copy must be loaded again.
+#[derive(Debug)]
+pub struct Feed {
+    /// Held from a batch's apply until its records are handed over, and while the copy is
+    /// loaded, so the hand-over order is the commit order and a load sees every earlier commit.
+    order: tokio::sync::Mutex<()>,
+    pending: Mutex<Pending>,
+    applied: Notify,
+}
+
+#[derive(Debug, Default)]
+struct Pending {
+    records: Vec<AssignmentRecord>,
+    reload: bool,
+}
+
+impl Default for Feed {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Feed {
+    /// A feed whose copy must be loaded first.
+    pub fn new() -> Self {
+        Self {
+            order: tokio::sync::Mutex::new(()),
+            pending: Mutex::new(Pending {
+                records: Vec::new(),
+                reload: true,
+            }),
+            applied: Notify::new(),
+        }
+    }
+
+    fn pending(&self) -> MutexGuard<'_, Pending> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Applies a batch with `apply` and hands over the records it changed.
+    pub async fn commit<F>(&self, apply: F) -> Result<jr_store::ApplyStats, StoreError>
+    where
+        F: Future<Output = Result<jr_store::Applied, StoreError>>,
+    {
+        let _order = self.order.lock().await;
+        let applied = apply.await?;
+        self.pending().records.extend(applied.records);
+        self.applied.notify_one();
+        Ok(applied.stats)
+    }
+
+    /// What was handed over may be wrong or incomplete: load the copy again.
+    pub fn invalidate(&self) {
+        self.pending().reload = true;
+    }
+
+    /// Whether the copy must be loaded again.
+    pub fn needs_reload(&self) -> bool {
+        self.pending().reload
+    }
+
+    /// Records handed over since the last call, in commit order.
+    pub fn take(&self) -> Vec<AssignmentRecord> {
+        std::mem::take(&mut self.pending().records)
+    }
+
+    /// Loads the copy with `load` while no batch commits; what was handed over before is
+    /// dropped (the load has it). On failure the copy still needs loading.
+    pub async fn reload<F, T>(&self, load: F) -> Result<T, StoreError>
+    where
+        F: Future<Output = Result<T, StoreError>>,
+    {
+        let _order = self.order.lock().await;
+        {
+            let mut pending = self.pending();
+            pending.records.clear();
+            pending.reload = false;
+        }
+        let result = load.await;
+        if result.is_err() {
+            self.invalidate();
+        }
+        result
+    }
+
+    /// Resolves after the next committed batch.
+    pub async fn applied(&self) {
+        self.applied.notified().await;
+    }
+}
 
 /// Progress of one stream's projection (for readiness and metrics).
 #[derive(Debug, Default)]
@@ -37,23 +134,26 @@ pub struct ProjectorState {
     pub store_errors: AtomicU64,
 }
 
-/// Projects `stream` until shutdown; `applied` is notified after every applied batch.
+/// Projects `stream` until shutdown, handing each committed batch's records to `feed`.
 pub async fn run(
     bus: Bus,
     store: Store,
     stream: &'static str,
     max_batch: usize,
     state: Arc<ProjectorState>,
-    applied: Arc<Notify>,
+    feed: Arc<Feed>,
     shutdown: CancellationToken,
 ) {
     let mut delay = Duration::from_millis(200);
     while !shutdown.is_cancelled() {
         let started = std::time::Instant::now();
-        match project(&bus, &store, stream, max_batch, &state, &applied, &shutdown).await {
+        match project(&bus, &store, stream, max_batch, &state, &feed, &shutdown).await {
             Ok(()) => return,
             Err(e) => {
                 state.caught_up.store(false, Ordering::Release);
+                // A commit whose outcome this run did not see (or one Postgres lost) may be
+                // missing from, or wrongly in, the planner's copy.
+                feed.invalidate();
                 if started.elapsed() > Duration::from_secs(30) {
                     delay = Duration::from_millis(200);
                 }
@@ -97,7 +197,7 @@ async fn project(
     stream: &'static str,
     max_batch: usize,
     state: &ProjectorState,
-    applied: &Notify,
+    feed: &Feed,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
     let Some(checkpoint) = checkpoint_with_retry(store, stream, state, shutdown).await else {
@@ -178,7 +278,8 @@ async fn project(
             let result = match store.checkpoint(stream).await {
                 Ok(stored) => {
                     check_continuity(stream, stored, expected)?;
-                    store.apply_messages(stream, &batch).await
+                    feed.commit(store.apply_messages_returning(stream, &batch))
+                        .await
                 }
                 Err(e) => Err(e),
             };
@@ -214,7 +315,6 @@ async fn project(
                 }
             }
         }
-        applied.notify_one();
     }
 }
 

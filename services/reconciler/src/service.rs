@@ -1,4 +1,9 @@
 //! The reconciler process: projector (per stream), plan loop and status API.
+//!
+//! The plan loop keeps the unfinished records in memory (an [`IncrementalPlanner`]): loaded
+//! from Postgres at start and whenever a projector starts over, and otherwise updated with the
+//! records each committed batch changed. A cycle plans what changed and what is due, then
+//! sleeps until the next batch or the planner's next deadline.
 
 use jr_protocol::now_ms;
 use std::collections::BTreeMap;
@@ -7,17 +12,16 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use jr_protocol::{STREAM_ASSIGNMENTS, STREAM_EVENTS};
+use jr_protocol::{BackendName, STREAM_ASSIGNMENTS, STREAM_EVENTS};
 use jr_service::Process;
 use jr_store::Store;
 use jr_telemetry::TaskSet;
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::executor::Executor;
 use crate::metrics::{BackendLabel, ReconcilerMetrics};
-use crate::planner::{PlannerConfig, plan};
-use crate::projector::{self, ProjectorState};
+use crate::planner::{IncrementalPlanner, PlannerConfig};
+use crate::projector::{self, Feed, ProjectorState};
 use crate::status::{StatusState, router};
 
 pub fn planner_config(c: &jr_config::ReconcilerConfig) -> PlannerConfig {
@@ -32,8 +36,11 @@ pub fn planner_config(c: &jr_config::ReconcilerConfig) -> PlannerConfig {
     }
 }
 
-/// Shortest pause between two plans triggered by projected batches.
+/// Shortest pause between two plan cycles triggered by projected batches or deadlines.
 const MIN_PLAN_GAP: Duration = Duration::from_millis(100);
+
+/// A command still wanted this long after it was published is published again.
+const REISSUE_AFTER: Duration = Duration::from_secs(30);
 
 /// Connects and migrates, retrying while Postgres is not there yet.
 async fn open_store(url: &str, shutdown: &CancellationToken) -> anyhow::Result<Option<Store>> {
@@ -69,23 +76,23 @@ pub async fn run(p: Process) -> anyhow::Result<()> {
     };
     p.readiness.set("database", true);
 
-    let applied = Arc::new(Notify::new());
+    let feed = Arc::new(Feed::new());
     let states: Vec<(&'static str, Arc<ProjectorState>)> = [STREAM_ASSIGNMENTS, STREAM_EVENTS]
         .into_iter()
         .map(|s| (s, Arc::new(ProjectorState::default())))
         .collect();
     let mut tasks = TaskSet::new(p.shutdown.clone());
     for (stream, state) in &states {
-        let (bus, store, state, applied, stop) = (
+        let (bus, store, state, feed, stop) = (
             p.bus.clone(),
             store.clone(),
             state.clone(),
-            applied.clone(),
+            feed.clone(),
             shutdown.clone(),
         );
         let (stream, max_batch) = (*stream, cfg.max_batch);
         tasks.spawn(format!("projector {stream}"), async move {
-            projector::run(bus, store, stream, max_batch, state, applied, stop).await
+            projector::run(bus, store, stream, max_batch, state, feed, stop).await
         });
     }
 
@@ -112,35 +119,53 @@ pub async fn run(p: Process) -> anyhow::Result<()> {
 
     let metrics = Arc::new(ReconcilerMetrics::default());
     metrics.register(&mut p.metrics.registry(), states.clone());
-    let planner = planner_config(&cfg);
-    let mut executor = Executor::new(p.bus.clone(), metrics.clone(), Duration::from_secs(30));
-    let backends: Vec<String> = p
-        .config
-        .enabled_backends()
-        .map(|(n, _)| n.to_string())
-        .collect();
+    let mut planner = IncrementalPlanner::new(planner_config(&cfg), REISSUE_AFTER);
+    let mut executor = Executor::new(p.bus.clone(), metrics.clone(), REISSUE_AFTER);
+    let backends: Vec<BackendName> = p.config.enabled_backends().map(|(n, _)| n).collect();
+    // The planner's clock never goes back, even if the system clock does.
+    let mut now = 0;
     loop {
+        if feed.needs_reload() {
+            let load = async { store.snapshot(now_ms()).await };
+            match feed.reload(load).await {
+                Ok(snapshot) => {
+                    tracing::info!(
+                        assignments = snapshot.assignments.len(),
+                        "loaded the unfinished assignments from the projection"
+                    );
+                    planner.load(snapshot.assignments);
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot read the projection; loading later"),
+            }
+        }
+        for record in feed.take() {
+            planner.update(record);
+        }
         let caught_up = states
             .iter()
             .all(|(_, s)| s.caught_up.load(Ordering::Acquire));
         p.readiness.set("projection", caught_up);
+        now = now_ms().max(now);
         // Planning on a projection that is still replaying would act on old state.
-        if caught_up {
-            match store.snapshot(now_ms()).await {
-                Ok(snapshot) => {
-                    let commands = plan(&snapshot, now_ms(), &planner);
-                    executor.execute(&commands).await;
-                    update_gauges(&p.bus, &store, &metrics, &backends).await;
-                }
-                Err(e) => tracing::warn!(error = %e, "cannot read the projection; planning later"),
-            }
+        if caught_up && !feed.needs_reload() {
+            let commands = planner.plan(now);
+            let failed = executor.execute(&commands, now).await;
+            planner.not_issued(&failed);
+            update_gauges(&planner, &metrics, &backends);
         }
+        // Until the next deadline (at least a gap, at most `plan_interval`), or a projected batch.
+        let wait = planner
+            .next_wake(now)
+            .map_or(cfg.plan_interval, |at| {
+                Duration::from_millis(at.saturating_sub(now_ms()) + 1)
+            })
+            .clamp(MIN_PLAN_GAP, cfg.plan_interval.max(MIN_PLAN_GAP));
         tokio::select! {
             _ = shutdown.cancelled() => break,
-            _ = tokio::time::sleep(cfg.plan_interval) => {}
-            // Newly projected facts are planned on promptly, but a busy stream does not make the
-            // snapshot load back to back.
-            _ = async { applied.notified().await; tokio::time::sleep(MIN_PLAN_GAP).await } => {}
+            _ = tokio::time::sleep(wait) => {}
+            // Newly projected facts are planned on promptly, but a busy stream does not make
+            // cycles back to back.
+            _ = async { feed.applied().await; tokio::time::sleep(MIN_PLAN_GAP).await } => {}
         }
     }
     let report = tasks.join_all(Duration::from_secs(15)).await;
@@ -153,38 +178,24 @@ pub async fn run(p: Process) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Queue depth (the worker consumer's pending count) and projected slot use per backend.
-async fn update_gauges(
-    bus: &jr_bus::Bus,
-    store: &Store,
+/// Queue depth (assignments waiting for a slot) and slot use per backend, from the records in
+/// memory.
+fn update_gauges(
+    planner: &IncrementalPlanner,
     metrics: &ReconcilerMetrics,
-    backends: &[String],
+    backends: &[BackendName],
 ) {
     for backend in backends {
-        if let Ok(c) = bus
-            .consumer_info(STREAM_ASSIGNMENTS, &format!("{backend}-worker"))
-            .await
-        {
-            metrics
-                .queue_depth
-                .get_or_create(&BackendLabel {
-                    backend: backend.clone(),
-                })
-                .set(c.num_pending as i64);
-        }
-    }
-    if let Ok(slots) = store.slots_used().await {
-        for backend in backends {
-            let used = slots
-                .iter()
-                .find(|s| &s.backend == backend)
-                .map_or(0, |s| s.used);
-            metrics
-                .slots_used
-                .get_or_create(&BackendLabel {
-                    backend: backend.clone(),
-                })
-                .set(used as i64);
-        }
+        let label = BackendLabel {
+            backend: backend.to_string(),
+        };
+        metrics
+            .queue_depth
+            .get_or_create(&label)
+            .set(i64::try_from(planner.queued(backend)).unwrap_or(i64::MAX));
+        metrics
+            .slots_used
+            .get_or_create(&label)
+            .set(i64::try_from(planner.slots_used(backend)).unwrap_or(i64::MAX));
     }
 }

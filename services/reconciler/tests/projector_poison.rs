@@ -1,7 +1,8 @@
 //! The projector against a real nats-server and Postgres (127.0.0.1:5432, trust): poison
 //! messages published into JR_EVENTS (garbage bytes, an unknown kind, a NUL in a string, a time
 //! Postgres cannot store, an envelope the database refuses) are quarantined and skipped, and
-//! the good messages behind them are still projected.
+//! the good messages behind them are still projected, and handed to the planner's copy as
+//! committed.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -13,9 +14,8 @@ use jr_bus::{Bus, Topology};
 use jr_protocol::{Envelope, Message, STREAM_EVENTS};
 use jr_store::Store;
 use jr_store::testkit::Builder;
-use reconciler::projector::{self, ProjectorState};
+use reconciler::projector::{self, Feed, ProjectorState};
 use sqlx::Connection as _;
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 const ADMIN_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
@@ -95,13 +95,14 @@ async fn poison_messages_are_quarantined_and_the_projection_keeps_advancing() ->
 
     let state = Arc::new(ProjectorState::default());
     let shutdown = CancellationToken::new();
+    let feed = Arc::new(Feed::new());
     let projector = tokio::spawn(projector::run(
         bus.clone(),
         db.store.clone(),
         STREAM_EVENTS,
         64,
         state.clone(),
-        Arc::new(Notify::new()),
+        feed.clone(),
         shutdown.clone(),
     ));
 
@@ -174,6 +175,21 @@ async fn poison_messages_are_quarantined_and_the_projection_keeps_advancing() ->
         Some(poisoned.workload(1)),
         "the good message behind the poison is projected"
     );
+
+    // What the feed handed over is what Postgres holds: the planner's copy follows the
+    // projection, poison excluded.
+    let mut handed = std::collections::BTreeMap::new();
+    for record in feed.take() {
+        handed.insert(record.id, record);
+    }
+    assert_eq!(handed.len(), 2, "{:?}", handed.keys());
+    for (id, record) in &handed {
+        assert_eq!(
+            Some(record),
+            db.store.assignment(*id).await?.as_ref(),
+            "record {id} handed over differs from the stored one"
+        );
+    }
 
     shutdown.cancel();
     projector.await?;

@@ -15,7 +15,7 @@ mod store;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 
-pub use memory::{ApplyStats, MemoryProjection};
+pub use memory::{Applied, ApplyStats, MemoryProjection};
 pub use model::{
     AssignmentInfo, AssignmentRecord, AssignmentState, AttemptRecord, ClaimRecord, FailureRecord,
     Observation, Outcome, REASON_BACKEND_UNREACHABLE, RedispatchRecord, Snapshot, TerminalRecord,

@@ -24,6 +24,15 @@ pub struct ApplyStats {
     pub checkpoint: u64,
 }
 
+/// What applying a batch did, and the records it changed (as written), sorted by id.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Applied {
+    pub stats: ApplyStats,
+    /// Every record a message of the batch changed, after the batch. Finished ones included:
+    /// a copy of the unfinished records drops them.
+    pub records: Vec<AssignmentRecord>,
+}
+
 /// The whole projection in memory.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MemoryProjection {
@@ -69,6 +78,31 @@ impl MemoryProjection {
         stats.touched = touched.len();
         stats.checkpoint = checkpoint;
         stats
+    }
+
+    /// [`MemoryProjection::apply_batch`], also returning the records the batch changed (what
+    /// `Store::apply_batch_returning` returns for the same batch).
+    pub fn apply_batch_returning(&mut self, stream: &str, items: &[(u64, Envelope)]) -> Applied {
+        let mut before: BTreeMap<AssignmentId, Option<AssignmentRecord>> = BTreeMap::new();
+        let mut checkpoint = self.checkpoint(stream);
+        for (seq, envelope) in items {
+            if *seq > checkpoint {
+                checkpoint = *seq;
+                let id = envelope.assignment_id;
+                before
+                    .entry(id)
+                    .or_insert_with(|| self.records.get(&id).cloned());
+            }
+        }
+        let stats = self.apply_batch(stream, items);
+        let records = before
+            .into_iter()
+            .filter_map(|(id, old)| {
+                let new = self.records.get(&id)?;
+                (old.as_ref() != Some(new)).then(|| new.clone())
+            })
+            .collect();
+        Applied { stats, records }
     }
 
     /// Applies one message without any checkpoint bookkeeping.

@@ -9,7 +9,7 @@ use sqlx::postgres::PgPoolOptions;
 use uuid::Uuid;
 
 use crate::StoreError;
-use crate::memory::ApplyStats;
+use crate::memory::{Applied, ApplyStats};
 use crate::model::{AssignmentRecord, AssignmentState, Snapshot, TimelineEntry};
 use crate::rows::{Rows, decode};
 use crate::sql::{Scope, load_rows, write_rows};
@@ -81,6 +81,15 @@ impl Store {
         stream: &str,
         items: &[(u64, Envelope)],
     ) -> Result<ApplyStats, StoreError> {
+        Ok(self.apply_batch_returning(stream, items).await?.stats)
+    }
+
+    /// [`Store::apply_batch`], also returning the records the batch changed.
+    pub async fn apply_batch_returning(
+        &self,
+        stream: &str,
+        items: &[(u64, Envelope)],
+    ) -> Result<Applied, StoreError> {
         let items: Vec<Item<'_>> = items
             .iter()
             .map(|(seq, envelope)| Item {
@@ -110,6 +119,17 @@ impl Store {
         stream: &str,
         messages: &[StreamMessage],
     ) -> Result<ApplyStats, StoreError> {
+        Ok(self.apply_messages_returning(stream, messages).await?.stats)
+    }
+
+    /// [`Store::apply_messages`], also returning every record the batch changed as it was
+    /// committed (the fold of [`AssignmentRecord::apply`] over the stored record), so that a
+    /// copy of the projection kept elsewhere can follow it without reading it back.
+    pub async fn apply_messages_returning(
+        &self,
+        stream: &str,
+        messages: &[StreamMessage],
+    ) -> Result<Applied, StoreError> {
         let items: Vec<Item<'_>> = messages
             .iter()
             .map(|m| Item {
@@ -122,11 +142,7 @@ impl Store {
         self.apply_items(stream, &items).await
     }
 
-    async fn apply_items(
-        &self,
-        stream: &str,
-        items: &[Item<'_>],
-    ) -> Result<ApplyStats, StoreError> {
+    async fn apply_items(&self, stream: &str, items: &[Item<'_>]) -> Result<Applied, StoreError> {
         match self.apply_together(stream, items).await {
             Err(e) if e.is_data_error() => {
                 tracing::warn!(stream, error = %e, "batch refused by the database; applying it message by message");
@@ -194,14 +210,17 @@ impl Store {
         &self,
         stream: &str,
         items: &[Item<'_>],
-    ) -> Result<ApplyStats, StoreError> {
+    ) -> Result<Applied, StoreError> {
         let mut tx = self.pool.begin().await.map_err(q("begin"))?;
         let stored = Self::lock_checkpoint(&mut tx, stream).await?;
         let mut stats = ApplyStats::default();
         let fresh = Self::fresh(items, stored, &mut stats);
         if fresh.is_empty() {
             tx.commit().await.map_err(q("commit"))?;
-            return Ok(stats);
+            return Ok(Applied {
+                stats,
+                records: Vec::new(),
+            });
         }
         let mut good: Vec<(u64, &Envelope)> = Vec::with_capacity(fresh.len());
         for item in &fresh {
@@ -214,7 +233,8 @@ impl Store {
             }
         }
         stats.applied = good.len();
-        stats.touched = fold_and_write(&mut tx, &good).await?;
+        let (touched, records) = fold_and_write(&mut tx, &good).await?;
+        stats.touched = touched;
         Self::write_checkpoint(&mut tx, stream, stats.checkpoint).await?;
         tx.commit().await.map_err(q("commit"))?;
         tracing::debug!(
@@ -225,7 +245,7 @@ impl Store {
             checkpoint = stats.checkpoint,
             "applied batch"
         );
-        Ok(stats)
+        Ok(Applied { stats, records })
     }
 
     /// The slow path after a data error: each message in its own savepoint; the ones the
@@ -234,12 +254,14 @@ impl Store {
         &self,
         stream: &str,
         items: &[Item<'_>],
-    ) -> Result<ApplyStats, StoreError> {
+    ) -> Result<Applied, StoreError> {
         let mut tx = self.pool.begin().await.map_err(q("begin"))?;
         let stored = Self::lock_checkpoint(&mut tx, stream).await?;
         let mut stats = ApplyStats::default();
         let fresh = Self::fresh(items, stored, &mut stats);
         let mut touched = BTreeSet::new();
+        // The latest version of each record changed by a message that was kept.
+        let mut changed: BTreeMap<AssignmentId, AssignmentRecord> = BTreeMap::new();
         for item in fresh {
             let envelope = match item.content {
                 Ok(envelope) => envelope,
@@ -253,9 +275,10 @@ impl Store {
                 .await
                 .map_err(q("savepoint"))?;
             match fold_and_write(&mut savepoint, &[(item.seq, envelope)]).await {
-                Ok(_) => {
+                Ok((_, records)) => {
                     savepoint.commit().await.map_err(q("release savepoint"))?;
                     touched.insert(envelope.assignment_id);
+                    changed.extend(records.into_iter().map(|r| (r.id, r)));
                     stats.applied += 1;
                 }
                 Err(e) if e.is_data_error() => {
@@ -274,7 +297,10 @@ impl Store {
         stats.touched = touched.len();
         Self::write_checkpoint(&mut tx, stream, stats.checkpoint).await?;
         tx.commit().await.map_err(q("commit"))?;
-        Ok(stats)
+        Ok(Applied {
+            stats,
+            records: changed.into_values().collect(),
+        })
     }
 
     /// How many messages are quarantined (all streams).
@@ -552,13 +578,13 @@ async fn quarantine(
 }
 
 /// Folds `items` into their records (loaded from the database) and writes the changed rows;
-/// returns how many records changed.
+/// returns how many records changed and the changed records, sorted by id.
 async fn fold_and_write(
     conn: &mut sqlx::PgConnection,
     items: &[(u64, &Envelope)],
-) -> Result<usize, StoreError> {
+) -> Result<(usize, Vec<AssignmentRecord>), StoreError> {
     if items.is_empty() {
-        return Ok(0);
+        return Ok((0, Vec::new()));
     }
     let ids: BTreeSet<Uuid> = items.iter().map(|(_, e)| e.assignment_id.0).collect();
     let ids: Vec<Uuid> = ids.into_iter().collect();
@@ -579,7 +605,12 @@ async fn fold_and_write(
         changed.push_changed(before.get(id), record);
     }
     write_rows(&mut *conn, &changed).await?;
-    Ok(changed.assignments.len())
+    let records = after
+        .into_iter()
+        .filter(|(id, record)| before.get(id) != Some(record))
+        .map(|(_, record)| record)
+        .collect();
+    Ok((changed.assignments.len(), records))
 }
 
 #[cfg(test)]

@@ -1,8 +1,10 @@
 //! How the planner reads a workload: usable, held (its backend cannot be reached and the hold
 //! has not run out), or broken (failed, exited, gone, released, unknown for too long, or
-//! unreachable beyond the hold).
+//! unreachable beyond the hold). Also the planner's clock, which remembers when a plan may next
+//! change, and backend health kept up to date record by record.
 
 use std::collections::BTreeMap;
+use std::ops::Bound;
 
 use jr_protocol::{BackendName, Reason, WorkloadPhase};
 use jr_store::{AssignmentRecord, Snapshot, WorkloadRecord};
@@ -21,8 +23,46 @@ pub(crate) enum Condition {
     Broken { reason: String },
 }
 
+/// `now` for one plan, and the earliest later time at which one of the comparisons the plan made
+/// turns. Every comparison is `now >= t` (once true it stays true), so the plan of an unchanged
+/// record cannot change before [`Clock::wake`].
+#[derive(Clone, Debug)]
+pub(crate) struct Clock {
+    now: u64,
+    wake: Option<u64>,
+}
+
+impl Clock {
+    pub fn new(now: u64) -> Self {
+        Self { now, wake: None }
+    }
+
+    pub fn now(&self) -> u64 {
+        self.now
+    }
+
+    /// `now >= t`; when not yet, `t` becomes a time the plan may change.
+    pub fn reached(&mut self, t: u64) -> bool {
+        if self.now >= t {
+            return true;
+        }
+        self.wake_at(t);
+        false
+    }
+
+    /// Remembers `t` as a time the plan may change.
+    pub fn wake_at(&mut self, t: u64) {
+        self.wake = Some(self.wake.map_or(t, |w| w.min(t)));
+    }
+
+    /// The earliest time a comparison made so far turns (`None`: none will).
+    pub fn wake(&self) -> Option<u64> {
+        self.wake
+    }
+}
+
 /// Since when each backend has been unreachable (only unreachable backends are present).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct BackendHealth {
     unreachable_since: BTreeMap<BackendName, u64>,
 }
@@ -83,6 +123,149 @@ impl BackendHealth {
     pub fn unreachable_since(&self, backend: &BackendName) -> Option<u64> {
         self.unreachable_since.get(backend).copied()
     }
+
+    /// Backends whose value differs between `self` and `other`.
+    pub fn changed<'a>(&'a self, other: &'a BackendHealth) -> Vec<&'a BackendName> {
+        let mut out: Vec<&BackendName> = self
+            .unreachable_since
+            .keys()
+            .chain(other.unreachable_since.keys())
+            .filter(|b| self.unreachable_since.get(*b) != other.unreachable_since.get(*b))
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+}
+
+/// A multiset of values, for maxima and minima that must survive removals.
+#[derive(Clone, Debug)]
+struct Counted<K: Ord>(BTreeMap<K, usize>);
+
+impl<K: Ord> Default for Counted<K> {
+    fn default() -> Self {
+        Self(BTreeMap::new())
+    }
+}
+
+impl<K: Ord> Counted<K> {
+    fn change(&mut self, key: K, add: bool) {
+        if add {
+            *self.0.entry(key).or_default() += 1;
+        } else if let Some(n) = self.0.get_mut(&key) {
+            *n -= 1;
+            if *n == 0 {
+                self.0.remove(&key);
+            }
+        }
+    }
+
+    fn max(&self) -> Option<&K> {
+        self.0.keys().next_back()
+    }
+}
+
+/// What [`BackendHealth::from_snapshot`] reads about one backend, over the workloads of the
+/// records added and not removed.
+#[derive(Clone, Debug, Default)]
+struct Heard {
+    workloads: usize,
+    live: usize,
+    /// Per workload: the latest of its creation (or first sighting) and its observation.
+    heard: Counted<u64>,
+    /// Times of observations that do not say `backend-unreachable`.
+    reachable: Counted<u64>,
+    /// (observed at, unreachable since) of observations that do.
+    unreachable: Counted<(u64, u64)>,
+}
+
+/// [`BackendHealth`] kept up to date as records come and go: `add` every record the snapshot
+/// would hold, `remove` it before it changes or leaves, and [`BackendObservations::health`] is
+/// what `BackendHealth::from_snapshot` says about those records.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct BackendObservations {
+    backends: BTreeMap<BackendName, Heard>,
+}
+
+impl BackendObservations {
+    pub fn add(&mut self, record: &AssignmentRecord) {
+        self.change(record, true);
+    }
+
+    pub fn remove(&mut self, record: &AssignmentRecord) {
+        self.change(record, false);
+    }
+
+    fn change(&mut self, record: &AssignmentRecord, add: bool) {
+        for workload in record.workloads.values() {
+            let entry = self.backends.entry(workload.backend.clone()).or_default();
+            let live = usize::from(!workload.is_released());
+            if add {
+                entry.workloads += 1;
+                entry.live += live;
+            } else {
+                entry.workloads = entry.workloads.saturating_sub(1);
+                entry.live = entry.live.saturating_sub(live);
+            }
+            let mut heard = workload.created_at.unwrap_or(workload.first_seen);
+            if let Some(o) = &workload.observation {
+                heard = heard.max(o.at);
+                if o.is_unreachable() {
+                    let since = o.unreachable_since.unwrap_or(o.at);
+                    entry.unreachable.change((o.at, since), add);
+                } else {
+                    entry.reachable.change(o.at, add);
+                }
+            }
+            entry.heard.change(heard, add);
+            if entry.workloads == 0 {
+                self.backends.remove(&workload.backend);
+            }
+        }
+    }
+
+    /// The health of every backend at `now` (same rules as `BackendHealth::from_snapshot`).
+    pub fn health(&self, now: u64, cfg: &PlannerConfig) -> BackendHealth {
+        let mut unreachable_since = BTreeMap::new();
+        for (backend, h) in &self.backends {
+            let after = match h.reachable.max() {
+                Some(r) => Bound::Excluded((*r, u64::MAX)),
+                None => Bound::Unbounded,
+            };
+            let reported = h
+                .unreachable
+                .0
+                .range((after, Bound::Unbounded))
+                .map(|((_, since), _)| *since)
+                .min();
+            let silent = self
+                .silent_from(h, cfg)
+                .filter(|silent_from| now >= *silent_from);
+            if let Some(since) = reported.into_iter().chain(silent).min() {
+                unreachable_since.insert(backend.clone(), since);
+            }
+        }
+        BackendHealth { unreachable_since }
+    }
+
+    /// The next time after `now` at which a backend's health changes without new records: when
+    /// one with live workloads has been silent for `backend_silence`.
+    pub fn next_change(&self, now: u64, cfg: &PlannerConfig) -> Option<u64> {
+        self.backends
+            .values()
+            .filter_map(|h| self.silent_from(h, cfg))
+            .filter(|t| *t > now)
+            .min()
+    }
+
+    fn silent_from(&self, h: &Heard, cfg: &PlannerConfig) -> Option<u64> {
+        let silence = cfg.backend_silence?;
+        if h.live == 0 {
+            return None;
+        }
+        let last_heard = h.heard.max().copied().unwrap_or(0);
+        Some(last_heard.saturating_add(millis(silence)))
+    }
 }
 
 pub(crate) fn millis(d: std::time::Duration) -> u64 {
@@ -94,11 +277,11 @@ pub(crate) fn attempt_condition(
     record: &AssignmentRecord,
     attempt: u32,
     health: &BackendHealth,
-    now: u64,
+    clock: &mut Clock,
     cfg: &PlannerConfig,
 ) -> Condition {
     match record.attempt_workload(attempt) {
-        Some(workload) => workload_condition(workload, health, now, cfg),
+        Some(workload) => workload_condition(workload, health, clock, cfg),
         None => Condition::NotCreated,
     }
 }
@@ -106,7 +289,7 @@ pub(crate) fn attempt_condition(
 pub(crate) fn workload_condition(
     workload: &WorkloadRecord,
     health: &BackendHealth,
-    now: u64,
+    clock: &mut Clock,
     cfg: &PlannerConfig,
 ) -> Condition {
     let broken = |reason: String| Condition::Broken { reason };
@@ -134,14 +317,14 @@ pub(crate) fn workload_condition(
         .map(|o| o.unreachable_since.unwrap_or(o.at));
     let backend = health.unreachable_since(&workload.backend);
     if let Some(since) = own.into_iter().chain(backend).min() {
-        return if now < since.saturating_add(millis(cfg.unreachable_hold)) {
-            Condition::Held
-        } else {
+        return if clock.reached(since.saturating_add(millis(cfg.unreachable_hold))) {
             broken(Reason::BackendUnreachable.to_string())
+        } else {
+            Condition::Held
         };
     }
     if let Some(o) = observation.filter(|o| o.phase == WorkloadPhase::Unknown)
-        && now >= o.at.saturating_add(millis(cfg.lost_timeout))
+        && clock.reached(o.at.saturating_add(millis(cfg.lost_timeout)))
     {
         return broken(Reason::WorkloadUnknown.to_string());
     }

@@ -1,7 +1,9 @@
 //! The planner (docs/architecture.md, "Planner"): a pure function from a projection
-//! [`Snapshot`] and `now` to the commands that clean up and retry. It keeps no state between
-//! runs; every decision has a deterministic id, so running it after every batch and on a timer
-//! is safe.
+//! [`Snapshot`] and `now` to the commands that clean up and retry. Every decision has a
+//! deterministic id, so running it after every batch and on a timer is safe. [`plan`] over a
+//! whole snapshot is the reference; the reconciler runs [`IncrementalPlanner`], which keeps the
+//! unfinished records in memory and plans only the records that changed and the ones whose
+//! deadline came, with the same per-record rules.
 //!
 //! Per assignment that is not finished:
 //! - task final (terminal marker or task failure): delete each live workload at once when the
@@ -25,6 +27,9 @@
 mod command;
 mod condition;
 #[cfg(test)]
+mod equivalence;
+mod incremental;
+#[cfg(test)]
 mod sim;
 #[cfg(test)]
 mod tests;
@@ -35,7 +40,8 @@ use jr_protocol::Reason;
 use jr_store::{AssignmentRecord, Outcome, Snapshot, WorkloadRecord};
 
 pub use command::PlannedCommand;
-use condition::{BackendHealth, Condition, attempt_condition, millis, workload_condition};
+use condition::{BackendHealth, Clock, Condition, attempt_condition, millis, workload_condition};
+pub use incremental::{IncrementalPlanner, fold_into, time_plan_cycles};
 
 /// Planner timeouts (all from the `reconciler` config section).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -76,25 +82,40 @@ pub fn plan(snapshot: &Snapshot, now_ms: u64, cfg: &PlannerConfig) -> Vec<Planne
     let health = BackendHealth::from_snapshot(snapshot, now_ms, cfg);
     let mut out = Vec::new();
     for record in &snapshot.assignments {
-        let mut planner = AssignmentPlanner {
-            record,
-            health: &health,
-            now: now_ms,
-            cfg,
-            out: Vec::new(),
-        };
-        planner.plan();
-        out.append(&mut planner.out);
+        out.append(&mut plan_record(record, &health, now_ms, cfg).0);
     }
     out.sort_by_key(PlannedCommand::id);
     out.dedup_by_key(|c| c.id());
     out
 }
 
+/// The commands for one record at `now` (sorted by id, no duplicates), and the earliest later
+/// time at which they could differ while the record and `health` stay as they are (`None`:
+/// never).
+pub(crate) fn plan_record(
+    record: &AssignmentRecord,
+    health: &BackendHealth,
+    now: u64,
+    cfg: &PlannerConfig,
+) -> (Vec<PlannedCommand>, Option<u64>) {
+    let mut planner = AssignmentPlanner {
+        record,
+        health,
+        clock: Clock::new(now),
+        cfg,
+        out: Vec::new(),
+    };
+    planner.plan();
+    let mut out = planner.out;
+    out.sort_by_key(PlannedCommand::id);
+    out.dedup_by_key(|c| c.id());
+    (out, planner.clock.wake())
+}
+
 struct AssignmentPlanner<'a> {
     record: &'a AssignmentRecord,
     health: &'a BackendHealth,
-    now: u64,
+    clock: Clock,
     cfg: &'a PlannerConfig,
     out: Vec<PlannedCommand>,
 }
@@ -118,18 +139,18 @@ impl AssignmentPlanner<'_> {
 
     fn plan_final(&mut self, outcome: Outcome) {
         let record = self.record;
-        let final_at = record.final_at().unwrap_or(self.now);
+        let final_at = record.final_at().unwrap_or(self.clock.now());
         let terminal = record.terminal.as_ref();
         let reported = outcome == Outcome::FailedByUs
             || terminal.is_some_and(|t| t.log_closed || t.executor_finished_at.is_some());
         let claimed_attempt = record.claim.as_ref().map(|c| c.attempt);
-        let grace_over = self.now >= final_at.saturating_add(millis(self.cfg.terminal_grace));
+        let grace_end = final_at.saturating_add(millis(self.cfg.terminal_grace));
         for workload in record.live_workloads() {
             let workload_done = workload.phase().is_some_and(|p| p.is_terminal());
             let executor_here = claimed_attempt == Some(workload.attempt);
             if reported || workload_done || !executor_here {
                 self.delete(workload, Reason::TaskFinished.as_str());
-            } else if grace_over {
+            } else if self.clock.reached(grace_end) {
                 self.delete(workload, Reason::TerminalGraceExpired.as_str());
             }
         }
@@ -138,7 +159,10 @@ impl AssignmentPlanner<'_> {
     fn plan_unknown(&mut self) {
         let grace = millis(self.cfg.orphan_grace);
         for workload in self.record.live_workloads() {
-            if self.now >= workload.first_seen.saturating_add(grace) {
+            if self
+                .clock
+                .reached(workload.first_seen.saturating_add(grace))
+            {
                 self.delete(workload, Reason::OrphanUnknownAssignment.as_str());
             }
         }
@@ -150,7 +174,7 @@ impl AssignmentPlanner<'_> {
             self.delete(workload, Reason::SupersededAttempt.as_str());
         }
         if let Condition::Broken { reason } =
-            attempt_condition(record, claimed, self.health, self.now, self.cfg)
+            attempt_condition(record, claimed, self.health, &mut self.clock, self.cfg)
         {
             self.fail(claimed, Reason::LostAfterClaim.with_detail(reason));
         }
@@ -187,10 +211,13 @@ impl AssignmentPlanner<'_> {
             self.redispatch(current, redispatch.reason.clone());
             return;
         }
-        match attempt_condition(record, current, self.health, self.now, self.cfg) {
+        match attempt_condition(record, current, self.health, &mut self.clock, self.cfg) {
             Condition::NotCreated | Condition::Held => {}
             Condition::Healthy { since } => {
-                if self.now >= since.saturating_add(millis(self.cfg.claim_timeout)) {
+                if self
+                    .clock
+                    .reached(since.saturating_add(millis(self.cfg.claim_timeout)))
+                {
                     self.retry(current, Reason::ClaimTimeout.to_string());
                 }
             }
@@ -232,7 +259,7 @@ impl AssignmentPlanner<'_> {
 
     /// The one rule no other rule may break: the claiming executor's workload stays while it is
     /// usable and the task is not final.
-    fn protected(&self, workload: &WorkloadRecord) -> bool {
+    fn protected(&mut self, workload: &WorkloadRecord) -> bool {
         let record = self.record;
         record.outcome().is_none()
             && record
@@ -240,7 +267,7 @@ impl AssignmentPlanner<'_> {
                 .as_ref()
                 .is_some_and(|c| c.attempt == workload.attempt)
             && !matches!(
-                workload_condition(workload, self.health, self.now, self.cfg),
+                workload_condition(workload, self.health, &mut self.clock, self.cfg),
                 Condition::Broken { .. }
             )
     }

@@ -1,6 +1,8 @@
 //! Property tests: the planner's invariants on random histories, and a closed-loop simulation
 //! (plan → execute commands → the world reacts → project → plan again) that must always end
-//! with every assignment final and every workload released.
+//! with every assignment final and every workload released, driven once by the full plan of
+//! each snapshot and once by the incremental planner (checked against the full plan at every
+//! step, see `equivalence.rs`).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -123,6 +125,13 @@ proptest! {
             prop_assert!(false, "{}", violation);
         }
     }
+
+    #[test]
+    fn closed_loop_driven_by_the_incremental_planner_ends_final_and_released(seed in any::<u64>(), count in 1usize..6) {
+        if let Err(violation) = simulate_incremental(seed, count) {
+            prop_assert!(false, "{}", violation);
+        }
+    }
 }
 
 /// The rest of the system, simulated: workers, executors, the facade and the scheduler.
@@ -140,12 +149,48 @@ struct World {
     /// A final result was accepted by the forge (terminal or fail-task).
     finished: BTreeSet<usize>,
     chaos: bool,
+    /// Everything emitted since the incremental planner last took the changes.
+    emitted: Vec<Envelope>,
 }
 
 impl World {
+    fn new(seed: u64, count: usize) -> Self {
+        let mut world = World {
+            rng: StdRng::seed_from_u64(seed),
+            projection: MemoryProjection::new(),
+            seq: 0,
+            now: 1_700_000_000_000,
+            jobs: (0..count)
+                .map(|i| Builder::new(i as i64 + 1, if i % 2 == 0 { "pod" } else { "vm" }))
+                .collect(),
+            published: BTreeSet::new(),
+            created: BTreeSet::new(),
+            existing: BTreeSet::new(),
+            claimed: BTreeMap::new(),
+            finished: BTreeSet::new(),
+            chaos: true,
+            emitted: Vec::new(),
+        };
+        for index in 0..count {
+            world.published.insert((index, 1));
+            let envelope = world.jobs[index].assignment(1, world.now);
+            world.emit(envelope);
+        }
+        world
+    }
+
+    fn all_final(&self) -> bool {
+        self.jobs.iter().all(|b| {
+            self.projection
+                .record(b.id)
+                .is_some_and(|r| r.state().is_finished())
+        })
+    }
+
     fn emit(&mut self, envelope: Envelope) {
         self.seq += 1;
         self.projection.apply(self.seq, &envelope);
+        self.emitted.push(envelope);
     }
 
     fn execute(&mut self, command: &PlannedCommand) {
@@ -257,36 +302,11 @@ impl World {
 
 fn simulate(seed: u64, count: usize) -> Result<(), String> {
     let cfg = PlannerConfig::default();
-    let mut world = World {
-        rng: StdRng::seed_from_u64(seed),
-        projection: MemoryProjection::new(),
-        seq: 0,
-        now: 1_700_000_000_000,
-        jobs: (0..count)
-            .map(|i| Builder::new(i as i64 + 1, if i % 2 == 0 { "pod" } else { "vm" }))
-            .collect(),
-        published: BTreeSet::new(),
-        created: BTreeSet::new(),
-        existing: BTreeSet::new(),
-        claimed: BTreeMap::new(),
-        finished: BTreeSet::new(),
-        chaos: true,
-    };
-    for index in 0..count {
-        world.published.insert((index, 1));
-        let envelope = world.jobs[index].assignment(1, world.now);
-        world.emit(envelope);
-    }
+    let mut world = World::new(seed, count);
     for step in 0..5_000 {
         world.chaos = step < 300;
         let snapshot = world.projection.snapshot(world.now);
-        let all_final = world.jobs.iter().all(|b| {
-            world
-                .projection
-                .record(b.id)
-                .is_some_and(|r| r.state().is_finished())
-        });
-        if all_final {
+        if world.all_final() {
             return check_final(&world, &cfg);
         }
         let commands = plan(&snapshot, world.now, &cfg);
@@ -297,6 +317,48 @@ fn simulate(seed: u64, count: usize) -> Result<(), String> {
                 world.execute(command);
             }
         }
+        world.step_workloads();
+        world.now += world.rng.random_range(1_000..30_000);
+    }
+    Err("no quiescence after 5000 steps".into())
+}
+
+/// The same loop with the incremental planner: only what it hands out is executed, some of it
+/// fails to publish (handed out again next cycle) and some is published but has no effect (a
+/// worker died before acting: issued again a reissue period later).
+fn simulate_incremental(seed: u64, count: usize) -> Result<(), String> {
+    let cfg = PlannerConfig::default();
+    let mut world = World::new(seed, count);
+    let mut shadow = super::equivalence::Shadow::new(&cfg, std::time::Duration::from_secs(30));
+    for step in 0..5_000 {
+        world.chaos = step < 300;
+        let emitted = std::mem::take(&mut world.emitted);
+        shadow.update(super::equivalence::changed_records(
+            &world.projection,
+            &emitted,
+        ));
+        if world.all_final() {
+            shadow
+                .cycle(&world.projection, world.now)
+                .map_err(|e| format!("step {step}: {e}"))?;
+            if !shadow.planner.is_empty() || !shadow.planner.pending().is_empty() {
+                return Err("finished records left in memory".into());
+            }
+            return check_final(&world, &cfg);
+        }
+        let handed = shadow
+            .cycle(&world.projection, world.now)
+            .map_err(|e| format!("step {step}: {e}"))?;
+        let mut failed = Vec::new();
+        for command in handed {
+            let roll: f64 = world.rng.random();
+            if roll < 0.1 {
+                failed.push(command);
+            } else if roll < 0.8 {
+                world.execute(&command);
+            }
+        }
+        shadow.publish_failed(failed);
         world.step_workloads();
         world.now += world.rng.random_range(1_000..30_000);
     }

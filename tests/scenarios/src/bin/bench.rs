@@ -12,11 +12,14 @@ use clap::Parser;
 use futures::StreamExt as _;
 use futures::stream::FuturesUnordered;
 use jr_bus::Bus;
-use jr_protocol::{Envelope, STREAM_ASSIGNMENTS, STREAM_COMMANDS, STREAM_EVENTS};
+use jr_protocol::{
+    Envelope, Message, STREAM_ASSIGNMENTS, STREAM_COMMANDS, STREAM_EVENTS, WorkloadPhase,
+};
 use jr_scenarios::measure::{self, Summary, now_ms};
 use jr_scenarios::{System, SystemSpec};
+use jr_store::testkit::Builder;
 use jr_store::{MemoryProjection, Store};
-use reconciler::planner::{PlannerConfig, plan};
+use reconciler::planner::{IncrementalPlanner, PlannerConfig, plan, time_plan_cycles};
 
 #[derive(Parser, Debug)]
 #[command(about = "Measure jetrunner end to end and against raw NATS/Postgres baselines")]
@@ -49,6 +52,12 @@ struct Args {
     /// Active assignments in the planner snapshot.
     #[arg(long, default_value = "10000")]
     planner_assignments: usize,
+    /// Active assignments held in memory for the incremental plan-cycle figure (one line each).
+    #[arg(long, value_delimiter = ',', default_value = "10000,100000")]
+    plan_cycle_assignments: Vec<usize>,
+    /// Print only the incremental plan-cycle figure (in memory: no services, NATS or Postgres).
+    #[arg(long)]
+    plan_cycle_only: bool,
     /// Messages per second published for the projection-lag figure.
     #[arg(long, default_value = "1000")]
     lag_rate: u64,
@@ -169,6 +178,13 @@ fn machine_note() -> String {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     tracing_subscriber::fmt().with_env_filter("warn").init();
+    if args.plan_cycle_only {
+        println!("jetrunner benchmark, plan cycle only — {}", machine_note());
+        for count in &args.plan_cycle_assignments {
+            plan_cycle_time(*count);
+        }
+        return Ok(());
+    }
     let started = Instant::now();
     println!(
         "jetrunner benchmark — {}; unix ms {}",
@@ -199,6 +215,9 @@ async fn main() -> anyhow::Result<()> {
     let (projector_batched, projector_single) =
         projector_rates(&system, args.projector_lifecycles).await?;
     planner_time(&system, args.planner_assignments).await?;
+    for count in &args.plan_cycle_assignments {
+        plan_cycle_time(*count);
+    }
     projection_lag(&system, &watched, args.lag_rate, args.lag_seconds).await?;
 
     println!("\n[ratios] same run, same servers");
@@ -719,6 +738,66 @@ async fn planner_time(system: &System, count: usize) -> anyhow::Result<()> {
         "ms",
     );
     Ok(())
+}
+
+/// Observations per plan cycle of the incremental figure, each of a different assignment.
+const CYCLE_BATCH: usize = 100;
+/// Cycles measured per figure, 100 ms of planner time apart (20 s: the first reissue of the
+/// commands planned at load, 30 s later, falls outside).
+const CYCLES: u64 = 200;
+
+/// The reconciler's plan cycle on the incremental path: `count` active assignments in memory
+/// (mixed states as for `plan()`), then per cycle a batch of `CYCLE_BATCH` observations of as
+/// many assignments folded into them and a plan of what changed and what came due.
+fn plan_cycle_time(count: usize) {
+    let now = now_ms();
+    let (assignments, events) = measure::active_assignments(4_000_000, count, now);
+    let jobs: Vec<Builder> = assignments
+        .iter()
+        .filter_map(|e| match &e.message {
+            Message::Assignment(a) => Some(Builder {
+                id: e.assignment_id,
+                backend: a.backend.clone(),
+                forge_task_id: a.forge_task_id,
+            }),
+            _ => None,
+        })
+        .collect();
+    let mut all = assignments;
+    all.extend(events);
+    let records = MemoryProjection::from_events(&all)
+        .snapshot(now)
+        .assignments;
+    drop(all);
+    let mut planner = IncrementalPlanner::new(PlannerConfig::default(), Duration::from_secs(30));
+    let t = Instant::now();
+    planner.load(records);
+    let first = planner.plan(now).len();
+    let load = t.elapsed();
+    let mut seq = 10_000_000u64;
+    let cycles = (1..=CYCLES).map(|k| {
+        let at = now + k * 100;
+        let batch: Vec<(u64, Envelope)> = (0..CYCLE_BATCH)
+            .map(|j| {
+                seq += 1;
+                let b = &jobs[(k as usize * CYCLE_BATCH + j) % jobs.len().max(1)];
+                (seq, b.observed(1, at, WorkloadPhase::Running, None))
+            })
+            .collect();
+        (at, batch)
+    });
+    let times = time_plan_cycles(&mut planner, cycles);
+    summary_line(
+        &format!("plan cycle (apply {CYCLE_BATCH} + plan), {count} active"),
+        Summary::of(times.iter().map(|d| ms(*d))),
+        "ms",
+    );
+    println!(
+        "  {:<44} no target   (load + first plan of all: {:.0} ms, {first} commands; {} in memory)",
+        "",
+        ms(load),
+        planner.len()
+    );
 }
 
 /// Publishes synthetic lifecycles on backend `bench` (no worker consumes it) into the System's
