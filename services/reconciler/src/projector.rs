@@ -134,12 +134,18 @@ pub struct ProjectorState {
     pub store_errors: AtomicU64,
 }
 
-/// Projects `stream` until shutdown, handing each committed batch's records to `feed`.
+/// Projects `stream` until shutdown, handing each committed batch's records to `feed`. A batch
+/// is what arrives within `linger` of its first message, up to `max_batch` messages.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the projector's whole context, passed once"
+)]
 pub async fn run(
     bus: Bus,
     store: Store,
     stream: &'static str,
     max_batch: usize,
+    linger: Duration,
     state: Arc<ProjectorState>,
     feed: Arc<Feed>,
     shutdown: CancellationToken,
@@ -147,7 +153,11 @@ pub async fn run(
     let mut delay = Duration::from_millis(200);
     while !shutdown.is_cancelled() {
         let started = std::time::Instant::now();
-        match project(&bus, &store, stream, max_batch, &state, &feed, &shutdown).await {
+        match project(
+            &bus, &store, stream, max_batch, linger, &state, &feed, &shutdown,
+        )
+        .await
+        {
             Ok(()) => return,
             Err(e) => {
                 state.caught_up.store(false, Ordering::Release);
@@ -191,11 +201,16 @@ async fn checkpoint_with_retry(
     }
 }
 
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the projector's whole context, passed once"
+)]
 async fn project(
     bus: &Bus,
     store: &Store,
     stream: &'static str,
     max_batch: usize,
+    linger: Duration,
     state: &ProjectorState,
     feed: &Feed,
     shutdown: &CancellationToken,
@@ -245,6 +260,7 @@ async fn project(
             Ok(None) => anyhow::bail!("ordered consumer ended"),
             Ok(Some(m)) => Some(m),
         };
+        let until = tokio::time::Instant::now() + linger;
         while let Some(item) = next.take() {
             let message = item?;
             let seq = message
@@ -264,8 +280,10 @@ async fn project(
             if batch.len() >= max_batch {
                 break;
             }
-            // More already buffered? Take it without waiting.
+            // More already buffered, or arriving within the linger? Take it.
             if let Some(Some(m)) = messages.next().now_or_never() {
+                next = Some(m);
+            } else if let Ok(Some(m)) = tokio::time::timeout_at(until, messages.next()).await {
                 next = Some(m);
             }
         }

@@ -90,9 +90,9 @@ pub async fn run(p: Process) -> anyhow::Result<()> {
             feed.clone(),
             shutdown.clone(),
         );
-        let (stream, max_batch) = (*stream, cfg.max_batch);
+        let (stream, max_batch, linger) = (*stream, cfg.max_batch, cfg.batch_linger);
         tasks.spawn(format!("projector {stream}"), async move {
-            projector::run(bus, store, stream, max_batch, state, feed, stop).await
+            projector::run(bus, store, stream, max_batch, linger, state, feed, stop).await
         });
     }
 

@@ -101,6 +101,7 @@ async fn poison_messages_are_quarantined_and_the_projection_keeps_advancing() ->
         db.store.clone(),
         STREAM_EVENTS,
         64,
+        std::time::Duration::from_millis(10),
         state.clone(),
         feed.clone(),
         shutdown.clone(),

@@ -457,6 +457,11 @@ pub struct ReconcilerConfig {
     pub plan_interval: Duration,
     #[serde(default = "default_batch")]
     pub max_batch: usize,
+    /// After the first message of a batch, how long the projector keeps collecting messages
+    /// (up to `max_batch`) before it writes: fewer, larger transactions under load for at most
+    /// this much extra projection lag.
+    #[serde(default = "default_batch_linger", with = "humantime_serde")]
+    pub batch_linger: Duration,
     /// The reconciler's own NATS user.
     #[serde(default)]
     pub nats: Option<NatsAuthConfig>,
@@ -475,6 +480,7 @@ impl Default for ReconcilerConfig {
             max_attempts: default_max_attempts(),
             plan_interval: default_plan_interval(),
             max_batch: default_batch(),
+            batch_linger: default_batch_linger(),
             nats: None,
         }
     }
@@ -622,4 +628,7 @@ fn default_plan_interval() -> Duration {
 }
 fn default_batch() -> usize {
     512
+}
+fn default_batch_linger() -> Duration {
+    Duration::from_millis(10)
 }
