@@ -205,7 +205,8 @@ async fn main() -> anyhow::Result<()> {
     let watched = Watched::find(&system);
 
     let (lifecycles_per_s, all_jobs) = end_to_end(&mut system, &args, &watched).await?;
-    let msgs_per_lifecycle = messages_per_lifecycle(&system, all_jobs).await?;
+    let (msgs_per_lifecycle, by_kind, ledger_per_job) =
+        messages_per_lifecycle(&system, all_jobs).await?;
 
     println!("\n[4] baselines on the same nats-server and PostgreSQL cluster");
     let (raw_seq, raw_64) = raw_publish(&system, args.publish_messages).await?;
@@ -224,6 +225,12 @@ async fn main() -> anyhow::Result<()> {
     let js_rate = lifecycles_per_s * msgs_per_lifecycle;
     println!(
         "  JetStream messages per job lifecycle          {msgs_per_lifecycle:>10.1}   (assignments + events + commands stored / jobs)"
+    );
+    for (kind, n) in &by_kind {
+        println!("    of which {kind:<36} {n:>10.2}");
+    }
+    println!(
+        "  workload ledger (KV) messages per job         {ledger_per_job:>10.1}   (puts + deletes in JR_WORKLOADS_<backend>, not counted above)"
     );
     println!(
         "  jetrunner JetStream publishes/s at saturation {js_rate:>10.0}   = {:.1} % of raw sequential, {:.1} % of raw 64-in-flight",
@@ -501,13 +508,52 @@ async fn end_to_end(
     Ok((rate, all_jobs))
 }
 
-async fn messages_per_lifecycle(system: &System, jobs: u32) -> anyhow::Result<f64> {
+async fn messages_per_lifecycle(
+    system: &System,
+    jobs: u32,
+) -> anyhow::Result<(f64, Vec<(&'static str, f64)>, f64)> {
     let js = jetstream::new(async_nats::connect(system.nats.url()).await?);
     let mut stored = 0u64;
     for name in [STREAM_ASSIGNMENTS, STREAM_EVENTS, STREAM_COMMANDS] {
         stored += js.get_stream(name).await?.info().await?.state.last_sequence;
     }
-    Ok(stored as f64 / f64::from(jobs.max(1)))
+    // Commands are a work queue (gone once done): counted in the total only.
+    let mut envelopes = Vec::new();
+    for name in [STREAM_ASSIGNMENTS, STREAM_EVENTS] {
+        let (messages, _) = measure::read_stream(&js, name).await?;
+        envelopes.extend(messages.into_iter().map(|m| m.envelope));
+    }
+    let mut by_kind = measure::per_job_by_kind(&envelopes, jobs);
+    let commands = js
+        .get_stream(STREAM_COMMANDS)
+        .await?
+        .info()
+        .await?
+        .state
+        .last_sequence;
+    #[expect(
+        clippy::cast_precision_loss,
+        reason = "message counts of a benchmark run"
+    )]
+    by_kind.push((
+        "commands (all kinds)",
+        commands as f64 / f64::from(jobs.max(1)),
+    ));
+    let mut ledger = 0u64;
+    for backend in ["pod", "vm"] {
+        if let Ok(mut stream) = js.get_stream(format!("KV_JR_WORKLOADS_{backend}")).await {
+            ledger += stream.info().await?.state.last_sequence;
+        }
+    }
+    #[expect(
+        clippy::cast_precision_loss,
+        reason = "message counts of a benchmark run"
+    )]
+    Ok((
+        stored as f64 / f64::from(jobs.max(1)),
+        by_kind,
+        ledger as f64 / f64::from(jobs.max(1)),
+    ))
 }
 
 /// Raw JetStream publish + PubAck with a Nats-Msg-Id, sequential and 64 in flight.
