@@ -59,6 +59,10 @@ pub struct Bus {
     pub(crate) metrics: Arc<BusMetrics>,
     /// Counts (re)connections, so pull loops can re-issue pull requests the server forgot.
     pub(crate) connections: Arc<watch::Sender<u64>>,
+    /// Read the last message of a subject from the stream leader (JetStream API) instead of a
+    /// direct get: needed only when streams have replicas, where a direct get may be answered
+    /// by a follower that has not stored a fact acknowledged a moment ago.
+    pub(crate) leader_reads: bool,
 }
 
 impl Bus {
@@ -132,7 +136,17 @@ impl Bus {
             js,
             metrics,
             connections,
+            leader_reads: false,
         })
+    }
+
+    /// Reads of a subject's last message go to the stream leader when `on` (streams with
+    /// replicas); otherwise they are direct gets, which every server holding a single-replica
+    /// stream answers at a fraction of the cost.
+    #[must_use]
+    pub fn with_leader_reads(mut self, on: bool) -> Bus {
+        self.leader_reads = on;
+        self
     }
 
     /// Wraps an existing client (tests, or a caller with special connect options). Without
@@ -146,6 +160,7 @@ impl Bus {
             js,
             metrics: Arc::new(BusMetrics::default()),
             connections,
+            leader_reads: false,
         }
     }
 

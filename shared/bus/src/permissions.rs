@@ -32,7 +32,9 @@
 //!   captures (a cycle) and delivers only where a subscriber has interest; no jetrunner service
 //!   subscribes to core `jr.*` subjects, and the consumers of every stream check what they act on.
 //! - `$JS.API.STREAM.MSG.GET.<stream>` names the wanted subject in the request body, so a
-//!   service that reads single messages may read any message of that stream. Nothing secret is
+//!   service that reads single messages may read any message of that stream (with replicas,
+//!   last-message reads use it to reach the leader). A direct get of a subject's last message
+//!   names the subject in the request subject, so workers are granted only their backend's. Nothing secret is
 //!   in the clear on the bus (forge tasks are sealed), so reading is not an authority.
 //! - Every service may create the three streams if they are missing (start order is free); a
 //!   create never changes an existing stream. Only the scheduler and the reconciler, which own
@@ -224,6 +226,9 @@ pub fn permissions(role: &Role, backends: &[BackendName]) -> Permissions {
             for stream in [STREAM_ASSIGNMENTS, STREAM_EVENTS] {
                 p.publish_allow
                     .push(format!("{API}.STREAM.MSG.GET.{stream}"));
+                // Last message of a subject: the subject is part of the request subject.
+                p.publish_allow
+                    .push(format!("{API}.DIRECT.GET.{stream}.jr.>"));
                 ordered_consumers(&mut p, stream, &worker_durables);
             }
             own_bucket(&mut p, SCHEDULER_BUCKET, false);
@@ -249,6 +254,14 @@ pub fn permissions(role: &Role, backends: &[BackendName]) -> Permissions {
                 p.publish_allow
                     .push(format!("{API}.STREAM.MSG.GET.{stream}"));
             }
+            // Direct gets of the last message name the subject: only its own backend's.
+            p.publish_allow.push(format!(
+                "{API}.DIRECT.GET.{STREAM_ASSIGNMENTS}.{}",
+                subject::assignments_of(backend)
+            ));
+            p.publish_allow.push(format!(
+                "{API}.DIRECT.GET.{STREAM_EVENTS}.jr.event.{backend}.>"
+            ));
             own_bucket(&mut p, &worker_bucket(backend), true);
         }
         Role::Reconciler => {

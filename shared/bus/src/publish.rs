@@ -4,7 +4,7 @@
 use async_nats::HeaderMap;
 use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 use async_nats::jetstream::message::{PublishMessage, StreamMessage};
-use async_nats::jetstream::stream::LastRawMessageErrorKind;
+use async_nats::jetstream::stream::{DirectGetErrorKind, LastRawMessageErrorKind};
 use jr_protocol::subject::{self, ParsedSubject};
 use jr_protocol::{Envelope, header};
 use tokio_util::sync::CancellationToken;
@@ -278,6 +278,22 @@ impl Bus {
             .get_stream_no_info(stream)
             .await
             .map_err(|e| read_error(false, Box::new(e)))?;
+        if !self.leader_reads {
+            return match handle.direct_get_last_for_subject(subject).await {
+                Ok(message) => Ok(Some(message)),
+                Err(e) => match e.kind() {
+                    DirectGetErrorKind::NotFound => Ok(None),
+                    DirectGetErrorKind::InvalidSubject => Err(read_error(false, Box::new(e))),
+                    DirectGetErrorKind::ErrorResponse(status, _) if status.is_client_error() => {
+                        Err(read_error(false, Box::new(e)))
+                    }
+                    DirectGetErrorKind::TimedOut
+                    | DirectGetErrorKind::Request
+                    | DirectGetErrorKind::ErrorResponse(..)
+                    | DirectGetErrorKind::Other => Err(read_error(true, Box::new(e))),
+                },
+            };
+        }
         match handle.get_last_raw_message_by_subject(subject).await {
             Ok(message) => Ok(Some(message)),
             Err(e) => match e.kind() {

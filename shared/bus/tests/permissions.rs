@@ -185,6 +185,17 @@ async fn each_service_does_its_own_work_and_is_refused_outside_its_permissions()
         stored(&pod_worker, &subject::event(&backend("pod"), id, kind)).await;
         stored(&vm_worker, &subject::event(&backend("vm"), id, kind)).await;
     }
+    // Last-message reads are direct gets naming the subject: the scheduler reads any
+    // assignment's, a worker its backend's (what was stored is not an envelope, so a permitted
+    // read ends in a decode error). Reading another backend's is refused below.
+    let pod_event = subject::event(&backend("pod"), id, Kind::WorkloadCreated);
+    for (bus, user) in [(&scheduler, "scheduler"), (&pod_worker, "pod-worker")] {
+        let read = bus.last_on_subject(STREAM_EVENTS, &pod_event).await;
+        assert!(
+            matches!(read, Err(jr_bus::BusError::DecodeLast { .. })),
+            "{user} reads the pod event: {read:?}"
+        );
+    }
     stored(&reconciler, &subject::command("pod", Kind::DeleteWorkload)).await;
     stored(
         &reconciler,
@@ -338,6 +349,15 @@ async fn each_service_does_its_own_work_and_is_refused_outside_its_permissions()
         "$JS.API.CONSUMER.DELETE.JR_ASSIGNMENTS.pod-worker".to_owned(),
         "$KV.JR_SCHEDULER.pod".to_owned(),
         "_INBOX.scheduler.reply".to_owned(),
+        // Direct reads of another backend's assignment and events.
+        format!(
+            "$JS.API.DIRECT.GET.JR_ASSIGNMENTS.{}",
+            subject::assignment(&backend("vm"), other)
+        ),
+        format!(
+            "$JS.API.DIRECT.GET.JR_EVENTS.{}",
+            subject::event(&backend("vm"), other, Kind::Terminal)
+        ),
     ] {
         refused_publish(&server, &pod_worker, &pod_user, &subject).await;
     }

@@ -128,7 +128,8 @@ where
     let bus = match jr_bus::Bus::connect_with_inbox(&config.nats.url, service, credentials, &inbox)
         .await
     {
-        Ok(b) => b,
+        // With replicated streams a direct get may come from a follower that lags behind.
+        Ok(b) => b.with_leader_reads(config.nats.stream_replicas > 1),
         Err(e) => {
             tracing::error!(error = %e, "cannot connect to NATS");
             return ExitCode::FAILURE;
