@@ -36,8 +36,13 @@ pub fn planner_config(c: &jr_config::ReconcilerConfig) -> PlannerConfig {
     }
 }
 
-/// Shortest pause between two plan cycles triggered by projected batches or deadlines.
+/// Shortest pause between two plan cycles woken by deadlines.
 const MIN_PLAN_GAP: Duration = Duration::from_millis(100);
+
+/// Pause after a projected batch before planning it: enough for a batch of the other stream
+/// committed at the same moment to join the cycle. A cycle costs what changed, so reacting
+/// fast is cheap; the delete of a finished job's workload waits no longer than this.
+const REACT_GAP: Duration = Duration::from_millis(10);
 
 /// A command still wanted this long after it was published is published again.
 const REISSUE_AFTER: Duration = Duration::from_secs(30);
@@ -165,7 +170,7 @@ pub async fn run(p: Process) -> anyhow::Result<()> {
             _ = tokio::time::sleep(wait) => {}
             // Newly projected facts are planned on promptly, but a busy stream does not make
             // cycles back to back.
-            _ = async { feed.applied().await; tokio::time::sleep(MIN_PLAN_GAP).await } => {}
+            _ = async { feed.applied().await; tokio::time::sleep(REACT_GAP).await } => {}
         }
     }
     let report = tasks.join_all(Duration::from_secs(15)).await;
