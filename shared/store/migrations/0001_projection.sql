@@ -1,4 +1,4 @@
--- jetrunner projection (design §4). Written only by the reconciler's projector; disposable:
+-- jetrunner projection (docs/architecture.md, "Projector"). Written only by the reconciler's projector; disposable:
 -- TRUNCATE everything and replay JR_ASSIGNMENTS and JR_EVENTS to rebuild the same rows.
 -- Times are timestamptz with millisecond precision (converted from the envelopes' unix ms).
 

@@ -20,6 +20,9 @@ const PROJECTOR_LOCK: i64 = 0x6a72_7072_6f6a; // "jrproj"
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
+/// SHA-384 (hex) of migration 1 before its first comment line was reworded.
+const MIGRATION_1_OLD_CHECKSUM: &str = "51f938400f708d747c3a5f415127f2c5c38aae2401abba1295f76fee2a801dd6e13c00ce449864a4c7519eca7900b8fc";
+
 /// Assignments per backend and state (status API).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct StateCount {
@@ -71,7 +74,38 @@ impl Store {
 
     /// Applies the embedded migrations (`shared/store/migrations`).
     pub async fn migrate(&self) -> Result<(), StoreError> {
+        self.adopt_edited_comment().await?;
         MIGRATOR.run(&self.pool).await.map_err(StoreError::Migrate)
+    }
+
+    /// Migration 1's first comment line was reworded after release; nothing else in it changed.
+    /// A database migrated before records the checksum of the old text, which sqlx would refuse
+    /// as a modified migration: that one known checksum is replaced by the current one.
+    async fn adopt_edited_comment(&self) -> Result<(), StoreError> {
+        let Some(current) = MIGRATOR.iter().find(|m| m.version == 1) else {
+            return Ok(());
+        };
+        let exists: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|source| StoreError::Query {
+                op: "look for the migrations table",
+                source,
+            })?;
+        if exists {
+            sqlx::query(
+                "UPDATE _sqlx_migrations SET checksum = $1 WHERE version = 1 AND checksum = $2",
+            )
+            .bind(current.checksum.as_ref())
+            .bind(hex::decode(MIGRATION_1_OLD_CHECKSUM).unwrap_or_default())
+            .execute(&self.pool)
+            .await
+            .map_err(|source| StoreError::Query {
+                op: "adopt migration 1's reworded comment",
+                source,
+            })?;
+        }
+        Ok(())
     }
 
     /// Applies `items` (stream sequence, message) of `stream`; see [`Store::apply_messages`],

@@ -549,3 +549,25 @@ async fn transient_errors_are_returned_not_quarantined() -> anyhow::Result<()> {
     impatient.pool().close().await;
     db.drop().await
 }
+
+/// A database migrated before migration 1's first comment line was reworded records the old
+/// text's checksum; it still migrates (sqlx alone would refuse it as modified), and an unknown
+/// checksum is still refused.
+#[tokio::test]
+async fn a_database_migrated_before_the_reworded_comment_still_migrates() -> anyhow::Result<()> {
+    let db = TestDb::new().await?;
+    let old = "51f938400f708d747c3a5f415127f2c5c38aae2401abba1295f76fee2a801dd6e13c00ce449864a4c7519eca7900b8fc";
+    let set = |checksum: Vec<u8>| {
+        sqlx::query("UPDATE _sqlx_migrations SET checksum = $1 WHERE version = 1")
+            .bind(checksum)
+            .execute(db.store.pool())
+    };
+    set(hex::decode(old)?).await?;
+    db.store.migrate().await?;
+    set(vec![0u8; 48]).await?;
+    assert!(
+        db.store.migrate().await.is_err(),
+        "a migration modified otherwise is refused"
+    );
+    db.drop().await
+}
