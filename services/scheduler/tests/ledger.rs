@@ -7,47 +7,17 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use jr_forge::proto::runner::v1::Task;
 use jr_protocol::{
-    Assignment, AssignmentId, BackendName, Envelope, Kind, Message, TaskResult, Terminal,
-    TerminalSource, TokenHash, WorkloadCreated, subject,
+    AssignmentId, BackendName, Envelope, Kind, Message, TaskResult, Terminal, TerminalSource,
+    TokenHash, WorkloadCreated, subject,
 };
 use jr_scheduler::facade::Ledger as _;
 use jr_scheduler::ledger::JetStreamLedger;
-use jr_scheduler::seal::{SealScope, Sealer};
 use jr_scheduler::unclaimed::Unclaimed;
-use prost::Message as _;
-use support::World;
+use support::{World, sealed_assignment};
 
 fn pod() -> BackendName {
     BackendName::new("pod").expect("name")
-}
-
-fn assignment(id: AssignmentId, attempt: u32, task_id: i64, sealer: &Sealer) -> Envelope {
-    let task = Task {
-        id: task_id,
-        ..Task::default()
-    };
-    Envelope::new(
-        format!("assignment:{id}:{attempt}:test"),
-        1_000,
-        id,
-        attempt,
-        Message::Assignment(Assignment {
-            forge_instance: "https://forge.test".into(),
-            forge_task_id: task_id,
-            backend: pod(),
-            provider: None,
-            labels: vec!["pod".into()],
-            repository: "org/repo".into(),
-            job_name: format!("job-{task_id}"),
-            max_duration_secs: 3600,
-            fetched_at: 1_000,
-            sealed_task: sealer
-                .seal(SealScope::new(id, &pod(), task_id), &task.encode_to_vec())
-                .expect("seal"),
-        }),
-    )
 }
 
 fn created(id: AssignmentId, attempt: u32, token: &str) -> Envelope {
@@ -85,7 +55,7 @@ async fn a_claimed_attempts_view_is_settled_and_only_terminal_is_read_again() {
     };
     publish(
         subject::assignment(&pod(), id),
-        assignment(id, 1, 41, &sealer),
+        sealed_assignment(id, 1, 41, &sealer),
     )
     .await;
     publish(
@@ -113,7 +83,7 @@ async fn a_claimed_attempts_view_is_settled_and_only_terminal_is_read_again() {
     // the claiming attempt's executor keeps its view in both replicas.
     publish(
         subject::assignment(&pod(), id),
-        assignment(id, 2, 41, &sealer),
+        sealed_assignment(id, 2, 41, &sealer),
     )
     .await;
     publish(

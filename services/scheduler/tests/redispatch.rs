@@ -9,14 +9,12 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use jr_bus::{ConsumerOptions, ConsumerSpec};
-use jr_forge::proto::runner::v1::Task;
 use jr_protocol::{
     Assignment, AssignmentId, BackendName, Envelope, Kind, Message, Redispatch, STREAM_COMMANDS,
     STREAM_EVENTS, subject,
 };
-use jr_scheduler::seal::{SealScope, Sealer};
-use prost::Message as _;
-use support::{World, eventually};
+use jr_scheduler::seal::Sealer;
+use support::{World, eventually, sealed_assignment};
 use tokio_util::sync::CancellationToken;
 
 fn pod() -> BackendName {
@@ -24,30 +22,7 @@ fn pod() -> BackendName {
 }
 
 fn assignment(id: AssignmentId, task_id: i64, sealer: &Sealer) -> Envelope {
-    let task = Task {
-        id: task_id,
-        ..Task::default()
-    };
-    Envelope::new(
-        format!("assignment:{id}:1:test"),
-        1_000,
-        id,
-        1,
-        Message::Assignment(Assignment {
-            forge_instance: "https://forge.test".into(),
-            forge_task_id: task_id,
-            backend: pod(),
-            provider: None,
-            labels: vec!["pod".into()],
-            repository: "org/repo".into(),
-            job_name: format!("job-{task_id}"),
-            max_duration_secs: 3600,
-            fetched_at: 1_000,
-            sealed_task: sealer
-                .seal(SealScope::new(id, &pod(), task_id), &task.encode_to_vec())
-                .expect("seal"),
-        }),
-    )
+    sealed_assignment(id, 1, task_id, sealer)
 }
 
 fn command(id: AssignmentId, nonce: &str) -> Envelope {

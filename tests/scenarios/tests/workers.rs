@@ -138,23 +138,34 @@ async fn kill_three_times(
     rng: &mut StdRng,
 ) -> anyhow::Result<Vec<usize>> {
     let mut final_at_kill = Vec::new();
-    for round in 0..3 {
+    for _ in 0..3 {
         tokio::time::sleep(millis(rng, 500..3_000)).await;
-        final_at_kill.push(system.final_count(jobs));
-        let pause = millis(rng, 100..1_500);
-        let process = system.service(service).expect("a service of the system");
-        process.kill9();
-        eprintln!(
-            "kill -9 {service} #{round} ({} of {} jobs final), restart after {pause:?}",
-            final_at_kill[round],
-            jobs.len()
-        );
-        tokio::time::sleep(pause).await;
-        process.restart()?;
-        let ready = process.wait_ready(Duration::from_secs(60)).await;
-        check(system, "restarted worker ready", ready).await?;
+        final_at_kill.push(kill_and_restart(system, service, jobs, rng).await?);
     }
     Ok(final_at_kill)
+}
+
+/// SIGKILLs `service`, starts it again after a short random pause and waits until it is ready.
+/// Returns how many of `jobs` were final at the kill.
+async fn kill_and_restart(
+    system: &mut System,
+    service: &str,
+    jobs: &[JobId],
+    rng: &mut StdRng,
+) -> anyhow::Result<usize> {
+    let final_now = system.final_count(jobs);
+    let pause = millis(rng, 100..1_500);
+    let process = system.service(service).expect("a service of the system");
+    process.kill9();
+    eprintln!(
+        "kill -9 {service} at {final_now} of {} jobs final, restart after {pause:?}",
+        jobs.len()
+    );
+    tokio::time::sleep(pause).await;
+    process.restart()?;
+    let ready = process.wait_ready(Duration::from_secs(60)).await;
+    check(system, "restarted worker ready", ready).await?;
+    Ok(final_now)
 }
 
 async fn pod_worker_kill(jobs: u32, capacity: usize, timeout: Duration) -> anyhow::Result<()> {
@@ -346,19 +357,7 @@ async fn kill_during_run(
             reached.map(|_| ()).map_err(anyhow::Error::from),
         )
         .await?;
-        final_at_kill.push(system.final_count(jobs));
-        let pause = millis(rng, 100..1_500);
-        let process = system.service(service).expect("a service of the system");
-        process.kill9();
-        eprintln!(
-            "kill -9 {service} at {} of {} jobs final, restart after {pause:?}",
-            final_at_kill.last().copied().unwrap_or_default(),
-            jobs.len()
-        );
-        tokio::time::sleep(pause).await;
-        process.restart()?;
-        let ready = process.wait_ready(Duration::from_secs(60)).await;
-        check(system, "restarted worker ready", ready).await?;
+        final_at_kill.push(kill_and_restart(system, service, jobs, rng).await?);
     }
     Ok(final_at_kill)
 }

@@ -451,3 +451,42 @@ pub fn expected_backends(snapshot: &jr_fake_forge::Snapshot) -> BTreeMap<i64, St
         })
         .collect()
 }
+
+/// Attempt `attempt` of a `pod` assignment of forge task `task_id`, sealed by `sealer` as the
+/// scheduler seals (a genuine assignment when `sealer` is the configured one).
+pub fn sealed_assignment(
+    id: jr_protocol::AssignmentId,
+    attempt: u32,
+    task_id: i64,
+    sealer: &Sealer,
+) -> Envelope {
+    use prost::Message as _;
+    let pod = jr_protocol::BackendName::new("pod").expect("name");
+    let task = jr_forge::proto::runner::v1::Task {
+        id: task_id,
+        ..Default::default()
+    };
+    Envelope::new(
+        format!("assignment:{id}:{attempt}:test"),
+        1_000,
+        id,
+        attempt,
+        Message::Assignment(Assignment {
+            forge_instance: "https://forge.test".into(),
+            forge_task_id: task_id,
+            backend: pod.clone(),
+            provider: None,
+            labels: vec!["pod".into()],
+            repository: "org/repo".into(),
+            job_name: format!("job-{task_id}"),
+            max_duration_secs: 3600,
+            fetched_at: 1_000,
+            sealed_task: sealer
+                .seal(
+                    jr_scheduler::seal::SealScope::new(id, &pod, task_id),
+                    &task.encode_to_vec(),
+                )
+                .expect("seal"),
+        }),
+    )
+}

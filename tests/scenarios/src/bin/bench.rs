@@ -317,14 +317,7 @@ async fn scale_run(args: &Args) -> anyhow::Result<()> {
         ),
         None => println!("  the projection did not show every assignment finished within 30 s"),
     }
-    println!(
-        "  invariants (fetched once, one final result, capacity, nothing left): {}",
-        if violations.is_empty() {
-            "ok".to_owned()
-        } else {
-            format!("{violations:?}")
-        }
-    );
+    print_invariants(&violations);
     let ticks = measure::clock_ticks() as f64;
     let mut infrastructure = 0.0;
     for (i, label) in watched.labels().iter().enumerate() {
@@ -413,6 +406,17 @@ async fn wait_projected(store: &Store, jobs: u32, t0: Instant) -> anyhow::Result
     }
 }
 
+fn print_invariants(violations: &[String]) {
+    println!(
+        "  invariants (fetched once, one final result, capacity, nothing left): {}",
+        if violations.is_empty() {
+            "ok".to_owned()
+        } else {
+            format!("{violations:?}")
+        }
+    );
+}
+
 fn print_latencies(title: &str, l: &measure::LifecycleLatencies) {
     println!("  {title}");
     let line = |label: &str, v: &[f64]| {
@@ -481,14 +485,7 @@ async fn end_to_end(
         ),
         None => println!("  the projection did not show every assignment finished within 30 s"),
     }
-    println!(
-        "  invariants (fetched once, one final result, capacity, nothing left): {}",
-        if violations.is_empty() {
-            "ok".to_owned()
-        } else {
-            format!("{violations:?}")
-        }
-    );
+    print_invariants(&violations);
 
     // Light load: one job every 100 ms, far below capacity, so nothing waits for a slot.
     let light_start_ms = now_ms();
