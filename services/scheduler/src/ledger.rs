@@ -21,10 +21,11 @@ use crate::unclaimed::Unclaimed;
 struct Sticky {
     claimed: bool,
     terminal: bool,
-    /// The view of the attempt whose executor claimed the task. Once an assignment is claimed,
-    /// everything in its view is fixed (backend, forge task, sealed task, the claiming attempt
-    /// and its token hash) except `terminal`, which only ever turns true; so later calls of
-    /// that executor need one read (is there a terminal yet?) instead of four or five.
+    /// The view of the attempt whose executor claimed the task, until the task is final. Once
+    /// an assignment is claimed, everything in its view is fixed (backend, forge task, sealed
+    /// task, the claiming attempt and its token hash) except `terminal`, which only ever turns
+    /// true; so later calls of that executor need one read (is there a terminal yet?) instead
+    /// of four or five. Dropped at the final result, so it holds running jobs only.
     claimed_view: Option<AssignmentView>,
 }
 
@@ -144,8 +145,13 @@ impl Ledger for JetStreamLedger {
             view.claimed = true;
             view.terminal =
                 sticky.terminal || self.exists(&view.backend, id, Kind::Terminal).await?;
-            if view.terminal && !sticky.terminal {
-                self.remember(id, |s| s.terminal = true);
+            if view.terminal {
+                // The few calls after the final result read the subjects again; dropping the
+                // view keeps the cache to running jobs (a sealed task can be large).
+                self.remember(id, |s| {
+                    s.terminal = true;
+                    s.claimed_view = None;
+                });
             }
             return Ok(Some(view));
         }
@@ -201,7 +207,8 @@ impl Ledger for JetStreamLedger {
             };
             // Claimed by the current attempt with its token known: nothing but `terminal` can
             // change any more.
-            let settled = claimed_attempt == Some(attempt) && view.token_hash.is_some();
+            let settled =
+                claimed_attempt == Some(attempt) && view.token_hash.is_some() && !terminal;
             self.remember(id, |s| {
                 s.claimed |= claimed;
                 s.terminal |= terminal;
@@ -263,7 +270,10 @@ impl Ledger for JetStreamLedger {
             Message::Terminal(terminal),
         );
         let won = self.publish_once(view, Kind::Terminal, envelope).await?;
-        self.remember(view.id, |s| s.terminal = true);
+        self.remember(view.id, |s| {
+            s.terminal = true;
+            s.claimed_view = None;
+        });
         self.unclaimed.settled(view.id);
         Ok(won)
     }

@@ -124,4 +124,11 @@ async fn a_claimed_attempts_view_is_settled_and_only_terminal_is_read_again() {
         let v = l.lookup(id).await.expect("lookup").expect("known");
         assert_eq!((v.attempt, v.claimed, v.terminal), (1, true, true));
     }
+    // Once final, the settled view is dropped (the cache holds running jobs only): later
+    // lookups read the subjects as they are.
+    let after = publisher.lookup(id).await.expect("lookup").expect("known");
+    assert_eq!(
+        (after.attempt, after.claimed, after.terminal),
+        (2, true, true)
+    );
 }
