@@ -79,12 +79,17 @@ async fn apply_all(store: &Store, history: &History) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Applies both streams in random chunks, interleaving the streams at random and sometimes
-/// re-sending an already applied chunk (as a redelivering consumer would).
-async fn apply_in_random_chunks(store: &Store, history: &History, seed: u64) -> anyhow::Result<()> {
+/// Stream, items of a chunk, end position of the chunk in the stream.
+type Chunk<'a> = (&'static str, &'a [(u64, Envelope)], usize);
+
+/// A random way to send both streams of `history`: chunks of up to `max_len` items from
+/// either stream in a random interleaving, each starting up to `max_back` items before the first
+/// item not sent yet (as a redelivering consumer re-sends what was applied).
+fn random_chunks(history: &History, seed: u64, max_len: usize, max_back: usize) -> Vec<Chunk<'_>> {
     let mut rng = StdRng::seed_from_u64(seed);
     let streams = history.streams();
     let mut positions = [0usize; 2];
+    let mut chunks = Vec::new();
     while positions
         .iter()
         .zip(&streams)
@@ -96,10 +101,19 @@ async fn apply_in_random_chunks(store: &Store, history: &History, seed: u64) -> 
         if start >= items.len() {
             continue;
         }
-        let end = (start + rng.random_range(1..=40)).min(items.len());
-        let resend_from = start.saturating_sub(rng.random_range(0..5));
-        store.apply_batch(stream, &items[resend_from..end]).await?;
+        let end = (start + rng.random_range(1..=max_len)).min(items.len());
+        let from = start.saturating_sub(rng.random_range(0..=max_back));
+        chunks.push((stream, &items[from..end], end));
         positions[which] = end;
+    }
+    chunks
+}
+
+/// Applies both streams in random chunks, interleaving the streams at random and sometimes
+/// re-sending an already applied chunk (as a redelivering consumer would).
+async fn apply_in_random_chunks(store: &Store, history: &History, seed: u64) -> anyhow::Result<()> {
+    for (stream, chunk, _) in random_chunks(history, seed, 40, 4) {
+        store.apply_batch(stream, chunk).await?;
     }
     Ok(())
 }
@@ -257,22 +271,7 @@ async fn returned_records_follow_the_projection_chunk_by_chunk() -> anyhow::Resu
     let db = TestDb::new().await?;
     let history = random_history(21, 30);
     let mut memory = MemoryProjection::new();
-    let mut rng = StdRng::seed_from_u64(21);
-    let streams = history.streams();
-    let mut positions = [0usize; 2];
-    while positions
-        .iter()
-        .zip(&streams)
-        .any(|(p, (_, items))| *p < items.len())
-    {
-        let which = rng.random_range(0..2);
-        let (stream, items) = streams[which];
-        let start = positions[which];
-        if start >= items.len() {
-            continue;
-        }
-        let end = (start + rng.random_range(1..=25)).min(items.len());
-        let chunk = &items[start.saturating_sub(rng.random_range(0..4))..end];
+    for (stream, chunk, end) in random_chunks(&history, 21, 25, 3) {
         let before = db.store.records().await?;
         let stored = db.store.apply_batch_returning(stream, chunk).await?;
         let expected = memory.apply_batch_returning(stream, chunk);
@@ -305,7 +304,6 @@ async fn returned_records_follow_the_projection_chunk_by_chunk() -> anyhow::Resu
                 record.id
             );
         }
-        positions[which] = end;
     }
     db.drop().await
 }
