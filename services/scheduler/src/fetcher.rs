@@ -30,7 +30,7 @@ use crate::seal::{SealScope, Sealer};
 use crate::unclaimed::Unclaimed;
 
 /// How often a registration with no room looks again.
-const ROOM_RECHECK: Duration = Duration::from_millis(200);
+const ROOM_RECHECK: Duration = Duration::from_millis(50);
 
 /// Everything a fetcher needs; shared by all fetch loops.
 pub struct Dispatcher {
@@ -317,6 +317,12 @@ async fn fetch_loop(
     let mut version = TasksVersion::new(pacing.version_reset_interval);
     let mut error_delay = pacing.poll_interval;
     let mut wait = Duration::ZERO;
+    // Room read from the bus and not yet used by this loop's own dispatches. Room only grows
+    // between reads (workers take waiting assignments) except through this loop's dispatches
+    // and the reconciler's redispatches, so it is spent across consecutive fetches that bring
+    // tasks and read again after any fetch that does not (or a pause), which bounds what a
+    // redispatch can add to one backend's waiting assignments.
+    let mut budget = 0_usize;
     loop {
         if !wait.is_zero() {
             tokio::select! {
@@ -334,7 +340,10 @@ async fn fetch_loop(
             wait = jittered(pacing.poll_interval);
             continue;
         }
-        let room = d.room(&registration).await;
+        if budget == 0 {
+            budget = d.room(&registration).await;
+        }
+        let room = budget;
         if room == 0 {
             d.stats.paused.fetch_add(1, Ordering::Relaxed);
             wait = ROOM_RECHECK;
@@ -389,9 +398,11 @@ async fn fetch_loop(
                     .collect();
                 version.after_reply(sent, reply.tasks_version, !tasks.is_empty());
                 if tasks.is_empty() {
+                    budget = 0;
                     wait = jittered(pacing.poll_interval);
                     continue;
                 }
+                budget = budget.saturating_sub(tasks.len());
                 d.stats
                     .fetched
                     .fetch_add(tasks.len() as u64, Ordering::Relaxed);
@@ -416,6 +427,7 @@ async fn fetch_loop(
             }
             Err(e) if e.is_unregistered() => return Err(FetchError::Unregistered(e)),
             Err(e) => {
+                budget = 0;
                 d.stats.fetch_errors.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(registration = %registration.name, error = %e, "fetch failed");
                 wait = jittered(error_delay);

@@ -63,9 +63,12 @@ impl Disposition {
 pub struct ConsumerOptions {
     /// Handlers running at once (at least 1).
     pub concurrency: usize,
-    /// When set, a permit is acquired before each single-message pull ("pull only while a slot
-    /// is free"); the permit travels with the [`Delivery`].
+    /// When set, permits are acquired before each pull ("pull only while a slot is free"), one
+    /// per message the pull may bring; each permit travels with its [`Delivery`].
     pub gate: Option<Arc<dyn Gate>>,
+    /// Gated mode: the most messages one pull asks for (at least 1). A pull asks for as many
+    /// as the gate grants and handler slots are free, up to this.
+    pub pull_batch: usize,
     /// Lifetime of one pull request at the server.
     pub pull_expires: Duration,
     /// Idle heartbeat of the long-lived pull (ungated mode).
@@ -82,6 +85,7 @@ impl Default for ConsumerOptions {
         Self {
             concurrency: 1,
             gate: None,
+            pull_batch: 1,
             pull_expires: Duration::from_secs(10),
             heartbeat: Duration::from_secs(5),
             drain_timeout: Duration::from_secs(10),
@@ -98,6 +102,11 @@ impl ConsumerOptions {
 
     pub fn gate(mut self, gate: Arc<dyn Gate>) -> Self {
         self.gate = Some(gate);
+        self
+    }
+
+    pub fn pull_batch(mut self, pull_batch: usize) -> Self {
+        self.pull_batch = pull_batch.max(1);
         self
     }
 }
@@ -282,7 +291,9 @@ where
     }
 }
 
-/// Gated: a gate permit and a handler slot, then a pull of exactly one message.
+/// Gated: gate permits and handler slots (up to `pull_batch`, at least one of each), then a pull
+/// of one message per permit. The permits are held across empty pulls until a pull brings at
+/// least one message; those left when that pull ends are given back.
 #[allow(
     clippy::too_many_arguments,
     reason = "private plumbing of the consumer loop"
@@ -307,16 +318,24 @@ where
         let Some(slot) = handler_slot(slots, shutdown).await else {
             return Exit::Shutdown;
         };
-        let permit = tokio::select! {
+        let mut permits = tokio::select! {
             () = shutdown.cancelled() => return Exit::Shutdown,
-            permit = gate.acquire() => permit,
+            permits = gate.acquire_many(opts.pull_batch.max(1)) => permits,
         };
-        // Hold the permit across empty pulls until one message arrives.
-        let message = loop {
+        // One handler slot per permit; permits beyond the free slots are given back now.
+        let mut handler_slots = vec![slot];
+        while handler_slots.len() < permits.len() {
+            match slots.clone().try_acquire_owned() {
+                Ok(slot) => handler_slots.push(slot),
+                Err(_) => break,
+            }
+        }
+        permits.truncate(handler_slots.len());
+        'pull: loop {
             reap(&ctx.name, tasks);
             let batch = consumer
                 .batch()
-                .max_messages(1)
+                .max_messages(permits.len())
                 .expires(opts.pull_expires)
                 .messages();
             let mut batch = tokio::select! {
@@ -329,25 +348,41 @@ where
                     }
                 },
             };
-            let next = tokio::select! {
-                () = shutdown.cancelled() => return Exit::Shutdown,
-                next = batch.next() => next,
-                // A reconnection loses the pull request at the server; ask again at once rather
-                // than waiting for its expiry.
-                Ok(()) = connections.changed() => continue,
-            };
-            match next {
-                Some(Ok(message)) => break message,
-                Some(Err(error)) => {
-                    tracing::warn!(consumer = %ctx.name, %error, "pull failed, pulling again");
-                    return Exit::Restart;
+            let mut brought = 0_usize;
+            loop {
+                let next = tokio::select! {
+                    () = shutdown.cancelled() => return Exit::Shutdown,
+                    next = batch.next() => next,
+                    // A reconnection loses the pull request at the server; ask again at once
+                    // (with the permits still held) rather than waiting for its expiry.
+                    Ok(()) = connections.changed() => continue 'pull,
+                };
+                match next {
+                    Some(Ok(message)) => {
+                        let (Some(permit), Some(slot)) = (permits.pop(), handler_slots.pop())
+                        else {
+                            // More messages than asked for cannot come; should one, it stays
+                            // unacked and is redelivered after ack_wait.
+                            tracing::warn!(consumer = %ctx.name, "a pull brought more messages than it asked for");
+                            break 'pull;
+                        };
+                        brought += 1;
+                        backoff.reset();
+                        dispatch(message, Some(permit), slot, ctx, tasks).await;
+                        if permits.is_empty() {
+                            break 'pull;
+                        }
+                    }
+                    Some(Err(error)) => {
+                        tracing::warn!(consumer = %ctx.name, %error, "pull failed, pulling again");
+                        return Exit::Restart;
+                    }
+                    // The pull request ended (expired, or fewer messages were waiting).
+                    None if brought > 0 => break 'pull,
+                    None => continue 'pull,
                 }
-                // The pull request expired without a message.
-                None => continue,
             }
-        };
-        backoff.reset();
-        dispatch(message, Some(permit), slot, ctx, tasks).await;
+        }
     }
 }
 

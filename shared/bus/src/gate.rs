@@ -36,6 +36,13 @@ impl std::fmt::Debug for Permit {
 /// Decides when a consumer may pull. `acquire` waits until a slot is free.
 pub trait Gate: Send + Sync + 'static {
     fn acquire(&self) -> Pin<Box<dyn Future<Output = Permit> + Send + '_>>;
+
+    /// Waits until at least one slot is free and takes up to `max` of the free ones, so one pull
+    /// can bring several messages. The default takes exactly one.
+    fn acquire_many(&self, max: usize) -> Pin<Box<dyn Future<Output = Vec<Permit>> + Send + '_>> {
+        let _ = max;
+        Box::pin(async move { vec![self.acquire().await] })
+    }
 }
 
 /// A gate over a counting semaphore: `capacity` slots, more can be added or removed at runtime.
@@ -78,6 +85,19 @@ impl Gate for SemaphoreGate {
                 // The semaphore is never closed by this type; if it were, never hand out slots.
                 Err(_closed) => std::future::pending().await,
             }
+        })
+    }
+
+    fn acquire_many(&self, max: usize) -> Pin<Box<dyn Future<Output = Vec<Permit>> + Send + '_>> {
+        Box::pin(async move {
+            let mut permits = vec![self.acquire().await];
+            while permits.len() < max {
+                match self.try_acquire() {
+                    Some(permit) => permits.push(permit),
+                    None => break,
+                }
+            }
+            permits
         })
     }
 }

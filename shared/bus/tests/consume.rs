@@ -176,6 +176,16 @@ async fn garbage_is_termed_and_the_loop_keeps_consuming() {
 
 #[tokio::test]
 async fn a_gate_with_two_permits_never_pulls_more_than_two_messages() {
+    gate_with_two_permits(1).await;
+}
+
+#[tokio::test]
+async fn batched_pulls_never_take_more_messages_than_the_gate_grants() {
+    gate_with_two_permits(8).await;
+}
+
+/// Six messages through a gate of two permits, pulling up to `pull_batch` per pull.
+async fn gate_with_two_permits(pull_batch: usize) {
     let (_server, bus) = server_and_bus().await;
     for n in 0..6 {
         let id = new_assignment();
@@ -191,7 +201,8 @@ async fn a_gate_with_two_permits_never_pulls_more_than_two_messages() {
     let gate = Arc::new(SemaphoreGate::new(2));
     let opts = ConsumerOptions::default()
         .concurrency(10)
-        .gate(gate.clone());
+        .gate(gate.clone())
+        .pull_batch(pull_batch);
     let spec = ConsumerSpec {
         ack_wait: Duration::from_secs(30),
         ..events_consumer("gated")
@@ -244,11 +255,13 @@ async fn a_gate_with_two_permits_never_pulls_more_than_two_messages() {
     })
     .await;
     assert_eq!(max_in_flight.load(Ordering::SeqCst), 2);
-    // The idle pull keeps one permit reserved while it waits for a seventh message.
+    // The idle pull keeps the permits it could take (one, or both when it pulls in batches)
+    // reserved while it waits for a seventh message.
+    let reserved = pull_batch.min(2);
     eventually(
         "handler slots are free again",
         Duration::from_secs(5),
-        || async { gate.available() == 1 },
+        || async { gate.available() == 2 - reserved },
     )
     .await;
     shutdown.cancel();

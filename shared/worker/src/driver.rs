@@ -244,7 +244,7 @@ pub(crate) struct Driver<B> {
     pub(crate) state: WorkerState,
     pub(crate) ledger: Ledger,
     pub(crate) outstanding: Outstanding,
-    waiters: VecDeque<oneshot::Sender<TicketId>>,
+    waiters: VecDeque<oneshot::Sender<Vec<TicketId>>>,
     replies: HashMap<DeliveryId, oneshot::Sender<Disposition>>,
     assignments: HashMap<DeliveryId, Assignment>,
     ops: JoinSet<Input>,
@@ -280,9 +280,9 @@ impl<B: Backend> Driver<B> {
             let input = tokio::select! {
                 () = shutdown.cancelled() => break,
                 Some(message) = rx.recv() => match message {
-                    ToDriver::PullWanted(waiter) => {
-                        self.waiters.push_back(waiter);
-                        Input::PullWanted
+                    ToDriver::PullWanted { max, reply } => {
+                        self.waiters.push_back(reply);
+                        Input::PullWanted { max }
                     }
                     ToDriver::Input(input) => input,
                     ToDriver::Assignment { input, assignment, reply } => {
@@ -330,18 +330,23 @@ impl<B: Backend> Driver<B> {
 
     async fn perform(&mut self, effect: Effect, queue: &mut VecDeque<Input>) {
         match effect {
-            Effect::GrantPull(ticket) => {
-                self.outstanding.insert(ticket);
+            Effect::GrantPull(tickets) => {
+                for ticket in &tickets {
+                    self.outstanding.insert(*ticket);
+                }
+                let mut tickets = tickets;
                 loop {
                     match self.waiters.pop_front() {
-                        Some(waiter) => {
-                            if waiter.send(ticket).is_ok() {
-                                break;
-                            }
-                        }
+                        Some(waiter) => match waiter.send(tickets) {
+                            Ok(()) => break,
+                            // That pull is gone: the next waiting one takes the tickets.
+                            Err(back) => tickets = back,
+                        },
                         None => {
-                            self.outstanding.remove(ticket);
-                            queue.push_back(Input::TicketDropped(ticket));
+                            for ticket in tickets {
+                                self.outstanding.remove(ticket);
+                                queue.push_back(Input::TicketDropped(ticket));
+                            }
                             break;
                         }
                     }

@@ -16,7 +16,11 @@ use crate::state::{Input, TicketId};
 
 /// Messages from the gate and the consumers to the driver.
 pub(crate) enum ToDriver {
-    PullWanted(oneshot::Sender<TicketId>),
+    /// A pull of up to `max` messages waits for tickets (at least one).
+    PullWanted {
+        max: usize,
+        reply: oneshot::Sender<Vec<TicketId>>,
+    },
     Input(Input),
     Assignment {
         input: Input,
@@ -81,19 +85,35 @@ impl Drop for TicketGuard {
 impl Gate for TicketGate {
     fn acquire(&self) -> Pin<Box<dyn Future<Output = Permit> + Send + '_>> {
         Box::pin(async move {
+            let mut permits = self.acquire_many(1).await;
+            match permits.pop() {
+                Some(permit) => permit,
+                None => std::future::pending().await,
+            }
+        })
+    }
+
+    fn acquire_many(&self, max: usize) -> Pin<Box<dyn Future<Output = Vec<Permit>> + Send + '_>> {
+        Box::pin(async move {
             let (reply, granted) = oneshot::channel();
-            if self.tx.send(ToDriver::PullWanted(reply)).is_err() {
+            let max = max.max(1);
+            if self.tx.send(ToDriver::PullWanted { max, reply }).is_err() {
                 return std::future::pending().await;
             }
             match granted.await {
-                // The driver marked it outstanding before sending it.
-                Ok(ticket) => Permit::new(TicketGuard {
-                    ticket,
-                    outstanding: self.outstanding.clone(),
-                    tx: self.tx.clone(),
-                }),
+                // The driver marked them outstanding before sending them.
+                Ok(tickets) if !tickets.is_empty() => tickets
+                    .into_iter()
+                    .map(|ticket| {
+                        Permit::new(TicketGuard {
+                            ticket,
+                            outstanding: self.outstanding.clone(),
+                            tx: self.tx.clone(),
+                        })
+                    })
+                    .collect(),
                 // The driver stopped: never pull again.
-                Err(_) => std::future::pending().await,
+                _ => std::future::pending().await,
             }
         })
     }

@@ -18,6 +18,11 @@ use crate::gate::{Outstanding, TicketGate, ToDriver};
 use crate::ledger::Ledger;
 use crate::state::{AttemptKey, Input};
 
+/// Most assignments one pull of the assignment consumer asks for: as many as free slots allow
+/// up to this, so a worker with many free slots fills them at the pace of the bus rather than
+/// one pull round trip per assignment.
+const PULL_BATCH: usize = 32;
+
 /// Checks that a message on the assignment consumer is an assignment for this backend.
 pub(crate) fn classify_assignment(
     envelope: &Envelope,
@@ -211,7 +216,10 @@ impl<B: Backend> Worker<B> {
                 bus.run_consumer(
                     &assignments,
                     handler,
-                    ConsumerOptions::default().concurrency(capacity).gate(gate),
+                    ConsumerOptions::default()
+                        .concurrency(capacity)
+                        .gate(gate)
+                        .pull_batch(PULL_BATCH),
                     stop,
                 )
                 .await

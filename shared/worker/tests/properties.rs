@@ -6,7 +6,7 @@
 //!
 //! Cases per property: `JR_PROPTEST_CASES` (default 64 for CI; the soak script runs 10,000).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use jr_bus::Disposition;
@@ -64,6 +64,8 @@ struct World {
     in_delivery: BTreeMap<DeliveryId, (Pending, String)>,
     next_delivery: u64,
     tickets: Vec<TicketId>,
+    /// What each waiting pull asked for, oldest first.
+    asked: VecDeque<usize>,
     creates: BTreeMap<DeliveryId, AttemptKey>,
     deletes: BTreeMap<DeliveryId, String>,
     list: Option<(Instant, Vec<ObservedWorkload>)>,
@@ -107,6 +109,7 @@ impl World {
             in_delivery: BTreeMap::new(),
             next_delivery: 0,
             tickets: Vec::new(),
+            asked: VecDeque::new(),
             creates: BTreeMap::new(),
             deletes: BTreeMap::new(),
             list: None,
@@ -171,12 +174,22 @@ impl World {
 
     fn apply(&mut self, effect: Effect) {
         match effect {
-            Effect::GrantPull(ticket) => {
+            Effect::GrantPull(tickets) => {
+                assert!(!tickets.is_empty(), "an empty grant");
+                let asked = self
+                    .asked
+                    .pop_front()
+                    .expect("a grant with no pull waiting");
+                assert!(
+                    tickets.len() <= asked,
+                    "granted {} tickets to a pull that asked for {asked}",
+                    tickets.len()
+                );
                 assert!(
                     self.state.used() + self.state.reserved() <= self.capacity,
                     "a pull granted beyond capacity"
                 );
-                self.tickets.push(ticket);
+                self.tickets.extend(tickets);
             }
             Effect::Create { delivery, key } => {
                 let g = self.given.get(&key.assignment).cloned().unwrap_or_default();
@@ -332,8 +345,13 @@ impl World {
 
     fn step(&mut self, (kind, a, b, c): (u8, u8, u8, u8)) {
         match kind % 12 {
-            // The gated consumer holds at most one ticket while it pulls.
-            0 if self.tickets.is_empty() => self.feed(Input::PullWanted),
+            // The gated consumer asks for up to a few tickets per pull, and asks again only
+            // when it holds none.
+            0 if self.tickets.is_empty() => {
+                let max = usize::from(a % 4) + 1;
+                self.asked.push_back(max);
+                self.feed(Input::PullWanted { max });
+            }
             0 => {
                 if let Some(ticket) = self.tickets.pop() {
                     self.feed(Input::TicketDropped(ticket));
@@ -607,6 +625,7 @@ impl World {
         self.deletes.clear();
         self.in_delivery.clear();
         self.tickets.clear();
+        self.asked.clear();
         self.list = None;
         self.given.clear();
         self.created_keys.clear();

@@ -166,12 +166,22 @@ impl ExecutorError {
 
 /// Runs one task to completion against the facade (act_runner `daemon --once`).
 pub async fn run_one_shot(cfg: ExecutorConfig) -> Result<ExecutorReport, ExecutorError> {
-    let credentials = Credentials {
+    let client = ForgeClient::new(&cfg.facade_url, None, cfg.request_timeout)
+        .map_err(ExecutorError::Client)?;
+    run_one_shot_on(&client, cfg).await
+}
+
+/// [`run_one_shot`] through `base`'s connection pool (a client for the facade at
+/// `cfg.facade_url`; its credentials are replaced by the config's), so many executors in one
+/// process share one HTTP client.
+pub async fn run_one_shot_on(
+    base: &ForgeClient,
+    cfg: ExecutorConfig,
+) -> Result<ExecutorReport, ExecutorError> {
+    let client = base.with_credentials(Credentials {
         uuid: cfg.assignment_id.clone(),
         token: cfg.token.clone(),
-    };
-    let client = ForgeClient::new(&cfg.facade_url, Some(credentials), cfg.request_timeout)
-        .map_err(ExecutorError::Client)?;
+    });
     let deadline = Instant::now() + cfg.give_up_after;
     declare(&client, &cfg, deadline).await?;
     let Some(task) = poll_for_task(&client, &cfg, deadline).await? else {

@@ -223,6 +223,10 @@ pub struct LifecycleLatencies {
     pub created_to_released: Vec<f64>,
     /// `terminal` → `released` of the terminal's attempt.
     pub terminal_to_released: Vec<f64>,
+    /// `claimed` → `terminal` of the same attempt (the job's run as the executor reports it).
+    pub claimed_to_terminal: Vec<f64>,
+    /// Attempt-1 `fetched_at` stamps, earliest and latest (unix ms): the dispatch window.
+    pub fetch_window: Option<(u64, u64)>,
     /// Attempt-1 assignments with no `workload-created` of attempt 1.
     pub missing_created: usize,
     /// Terminal markers with no `released` of their attempt.
@@ -289,7 +293,15 @@ pub fn lifecycle_latencies(assignments: &[Envelope], events: &[Envelope]) -> Lif
             out.created_to_released.push(diff(*at, *r));
         }
     }
+    out.fetch_window = fetched
+        .values()
+        .copied()
+        .min()
+        .zip(fetched.values().copied().max());
     for (id, (attempt, at)) in &terminal {
+        if let Some(c) = claimed.get(&(*id, *attempt)) {
+            out.claimed_to_terminal.push(diff(*c, *at));
+        }
         match released.get(&(*id, *attempt)) {
             Some(r) => out.terminal_to_released.push(diff(*at, *r)),
             None => out.missing_released += 1,

@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use jr_bus::permissions::{BackendName, Role};
 use jr_bus::testing::{NatsServer, ServiceUsers};
-use jr_fake_executor::{ExecutorConfig, run_one_shot};
+use jr_fake_executor::{ExecutorConfig, run_one_shot, run_one_shot_on};
 use jr_fake_forge::{FakeForge, JobSpec, Outcome, Status, StopCause};
 use jr_fake_kube::{FakeKube, FaultRule, SimConfig};
 use jr_fake_sandbox::{FakeConfig, FakeSandbox, SandboxRun};
@@ -56,6 +56,11 @@ pub struct SystemSpec {
     /// `backend.vm.opensandbox.create_timeout` (client-side limit of one create call); `None`
     /// leaves the service default (120 s).
     pub vm_create_timeout: Option<Duration>,
+    /// Pods run the fake executor as a task of this process, as sandboxes do, instead of the
+    /// executor image's entrypoint as a child process. The entrypoint is what the scenarios
+    /// test; the benchmark uses this so that process start-up (fork, exec, dynamic loading)
+    /// of the simulation does not compete with jetrunner for the machine.
+    pub pod_executor_in_process: bool,
 }
 
 impl Default for SystemSpec {
@@ -79,6 +84,7 @@ impl Default for SystemSpec {
             scheduler_env: Vec::new(),
             log_filter: "info".into(),
             vm_create_timeout: None,
+            pod_executor_in_process: false,
         }
     }
 }
@@ -161,13 +167,50 @@ fn executor_config(env: &BTreeMap<String, String>) -> Option<ExecutorConfig> {
     Some(cfg)
 }
 
+/// The in-process executors' shared HTTP client for the facade (one connection pool instead of
+/// one client, and one load of the system's root certificates, per executor).
+#[derive(Clone, Default)]
+struct ExecutorClients(Arc<std::sync::Mutex<Option<(String, jr_forge::ForgeClient)>>>);
+
+impl ExecutorClients {
+    fn for_url(&self, cfg: &ExecutorConfig) -> Option<jr_forge::ForgeClient> {
+        let mut cached = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((url, client)) = cached.as_ref()
+            && *url == cfg.facade_url
+        {
+            return Some(client.clone());
+        }
+        let client = jr_forge::ForgeClient::new(&cfg.facade_url, None, cfg.request_timeout).ok()?;
+        *cached = Some((cfg.facade_url.clone(), client.clone()));
+        Some(client)
+    }
+
+    async fn run(&self, env: &BTreeMap<String, String>) {
+        if let Some(cfg) = executor_config(env) {
+            let _ = match self.for_url(&cfg) {
+                Some(client) => run_one_shot_on(&client, cfg).await,
+                None => run_one_shot(cfg).await,
+            };
+        }
+    }
+}
+
 /// A sandbox's pool task: the same fake executor (the sandbox stays Running afterwards).
-fn sandbox_runner() -> jr_fake_sandbox::Runner {
-    Arc::new(|run: SandboxRun| {
+fn sandbox_runner(clients: ExecutorClients) -> jr_fake_sandbox::Runner {
+    Arc::new(move |run: SandboxRun| {
+        let clients = clients.clone();
+        Box::pin(async move { clients.run(&run.env).await })
+    })
+}
+
+/// A Pod's container as a task of this process: the fake executor with the Pod's environment,
+/// exiting 0 when it ran (the entrypoint's exit status is what the scenarios check).
+fn in_process_pod_runner(clients: ExecutorClients) -> jr_fake_kube::PodRunner {
+    Arc::new(move |run: jr_fake_kube::PodRun| {
+        let clients = clients.clone();
         Box::pin(async move {
-            if let Some(cfg) = executor_config(&run.env) {
-                let _ = run_one_shot(cfg).await;
-            }
+            clients.run(&run.env).await;
+            jr_fake_kube::ExitStatus::success()
         })
     })
 }
@@ -190,11 +233,16 @@ impl System {
             ..Default::default()
         })
         .await?;
-        let launcher = Arc::new(EntrypointLauncher::prepare(dir.path())?);
+        let clients = ExecutorClients::default();
+        let pod_runner = if spec.pod_executor_in_process {
+            in_process_pod_runner(clients.clone())
+        } else {
+            executor::pod_runner(Arc::new(EntrypointLauncher::prepare(dir.path())?))
+        };
         let kube = FakeKube::start(SimConfig {
             faults: spec.kube_faults.clone(),
             start_delay: spec.pod_start_delay,
-            ..SimConfig::simulated(executor::pod_runner(launcher))
+            ..SimConfig::simulated(pod_runner)
         })
         .await?;
         let sandbox = FakeSandbox::start(FakeConfig {
@@ -204,7 +252,7 @@ impl System {
                 spec.vm_pool.unwrap_or(spec.vm_capacity * 2),
             )]),
             stopping_for: Duration::from_millis(200),
-            runner: Some(sandbox_runner()),
+            runner: Some(sandbox_runner(clients)),
             ..Default::default()
         })
         .await?;

@@ -17,7 +17,7 @@ mod deliver;
 mod track;
 mod types;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Instant;
 
 use jr_protocol::AssignmentId;
@@ -56,7 +56,8 @@ pub struct WorkerState {
     workloads: BTreeMap<String, Workload>,
     tickets: BTreeSet<TicketId>,
     next_ticket: u64,
-    pull_waiters: usize,
+    /// Waiting pulls, oldest first, each with the most messages it asks for.
+    pull_waiters: VecDeque<usize>,
     paused_until: Option<Instant>,
     /// Workloads whose `released` was published, with their attempt, until forgotten.
     released: BTreeMap<String, (AttemptKey, Instant)>,
@@ -74,7 +75,7 @@ impl WorkerState {
             workloads: BTreeMap::new(),
             tickets: BTreeSet::new(),
             next_ticket: 0,
-            pull_waiters: 0,
+            pull_waiters: VecDeque::new(),
             paused_until: None,
             released: BTreeMap::new(),
             assignments: BTreeMap::new(),
@@ -90,7 +91,7 @@ impl WorkerState {
             Input::Recovered { listed, remembered } => {
                 self.recovered(listed, remembered, now, &mut fx)
             }
-            Input::PullWanted => self.pull_waiters += 1,
+            Input::PullWanted { max } => self.pull_waiters.push_back(max.max(1)),
             Input::TicketDropped(ticket) => {
                 self.tickets.remove(&ticket);
             }
@@ -190,18 +191,29 @@ impl WorkerState {
         k.had_workload.insert(key.attempt);
     }
 
-    /// Hands out pull tickets while a slot is free, nothing is paused and no debt is left.
+    /// Hands out pull tickets while a slot is free, nothing is paused and no debt is left: each
+    /// waiting pull in turn gets as many as it asked for and the free slots allow.
     fn grant(&mut self, now: Instant, fx: &mut Vec<Effect>) {
-        while self.pull_waiters > 0
-            && self.recovered
-            && !self.is_paused(now)
-            && self.used() + self.tickets.len() < self.cfg.capacity
-        {
-            self.pull_waiters -= 1;
-            self.next_ticket += 1;
-            let ticket = TicketId(self.next_ticket);
-            self.tickets.insert(ticket);
-            fx.push(Effect::GrantPull(ticket));
+        while self.recovered && !self.is_paused(now) {
+            let free = self
+                .cfg
+                .capacity
+                .saturating_sub(self.used() + self.tickets.len());
+            if free == 0 {
+                return;
+            }
+            let Some(max) = self.pull_waiters.pop_front() else {
+                return;
+            };
+            let granted = (0..max.min(free))
+                .map(|_| {
+                    self.next_ticket += 1;
+                    let ticket = TicketId(self.next_ticket);
+                    self.tickets.insert(ticket);
+                    ticket
+                })
+                .collect();
+            fx.push(Effect::GrantPull(granted));
         }
     }
 }

@@ -188,7 +188,7 @@ fn adoption_beyond_capacity_is_debt_and_blocks_pulls_until_paid() {
     s.on(Input::Recovered { listed, remembered }, now);
     assert_eq!(s.debt(), 1);
     assert!(
-        !s.on(Input::PullWanted, now)
+        !s.on(Input::PullWanted { max: 1 }, now)
             .iter()
             .any(|e| matches!(e, Effect::GrantPull(_)))
     );

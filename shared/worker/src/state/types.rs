@@ -91,8 +91,10 @@ pub enum Input {
         listed: Vec<ObservedWorkload>,
         remembered: Vec<(AttemptKey, String)>,
     },
-    /// The assignment consumer wants to pull one message.
-    PullWanted,
+    /// The assignment consumer wants to pull up to `max` messages (at least one) in one pull.
+    PullWanted {
+        max: usize,
+    },
     /// A granted ticket was given back without a message.
     TicketDropped(TicketId),
     /// An assignment message, with the pull ticket it came through.
@@ -152,8 +154,9 @@ pub enum Event {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Effect {
-    /// Hand this ticket to the oldest waiting pull.
-    GrantPull(TicketId),
+    /// Hand these tickets (one per message the pull may bring, at least one) to the oldest
+    /// waiting pull.
+    GrantPull(Vec<TicketId>),
     /// Publish `workload-requested` (the token hash), then call the backend's create; answer
     /// with [`Input::CreateAnswered`].
     Create {

@@ -65,6 +65,13 @@ struct Args {
     scale_pod_capacity: usize,
     #[arg(long, default_value = "100")]
     scale_vm_capacity: usize,
+    /// Pods run the executor image's entrypoint and the fake executor as child processes (as
+    /// the scenarios do) instead of the fake executor as a task of the bench process.
+    #[arg(long)]
+    pod_entrypoint: bool,
+    /// Print only the scale run ([6]).
+    #[arg(long)]
+    scale_only: bool,
     /// Messages per second published for the projection-lag figure.
     #[arg(long, default_value = "1000")]
     lag_rate: u64,
@@ -198,6 +205,9 @@ async fn main() -> anyhow::Result<()> {
         machine_note(),
         now_ms()
     );
+    if args.scale_only {
+        return scale_run(&args).await;
+    }
     println!(
         "starting NATS, PostgreSQL, the fakes and the four services (binaries from {})…",
         jr_scenarios::process::bin_dir()?.display()
@@ -206,6 +216,7 @@ async fn main() -> anyhow::Result<()> {
         pod_capacity: args.pod_capacity,
         vm_capacity: args.vm_capacity,
         pod_start_delay: Duration::from_millis(args.pod_start_ms),
+        pod_executor_in_process: !args.pod_entrypoint,
         ..Default::default()
     })
     .await?;
@@ -292,6 +303,7 @@ async fn scale_run(args: &Args) -> anyhow::Result<()> {
         pod_capacity,
         vm_capacity,
         pod_start_delay: Duration::from_millis(args.pod_start_ms),
+        pod_executor_in_process: !args.pod_entrypoint,
         ..Default::default()
     })
     .await?;
@@ -318,6 +330,19 @@ async fn scale_run(args: &Args) -> anyhow::Result<()> {
         None => println!("  the projection did not show every assignment finished within 30 s"),
     }
     print_invariants(&violations);
+    let js = jetstream::new(async_nats::connect(system.nats.url()).await?);
+    let (assignments, _) = measure::read_stream(&js, STREAM_ASSIGNMENTS).await?;
+    let (events, _) = measure::read_stream(&js, STREAM_EVENTS).await?;
+    for backend in ["pod", "vm"] {
+        let of = |v: &[measure::Stored]| {
+            v.iter()
+                .filter(|s| s.subject.split('.').nth(2) == Some(backend))
+                .map(|s| s.envelope.clone())
+                .collect::<Vec<Envelope>>()
+        };
+        let l = measure::lifecycle_latencies(&of(&assignments), &of(&events));
+        print_latencies(&format!("{backend}:"), &l);
+    }
     let ticks = measure::clock_ticks() as f64;
     let mut infrastructure = 0.0;
     for (i, label) in watched.labels().iter().enumerate() {
@@ -432,6 +457,16 @@ fn print_latencies(title: &str, l: &measure::LifecycleLatencies) {
         "workload-created → released (slot held)",
         &l.created_to_released,
     );
+    line("claimed → forge final result", &l.claimed_to_terminal);
+    if let Some((first, last)) = l.fetch_window {
+        let n = l.fetch_to_created.len() + l.missing_created;
+        println!(
+            "    {:<42} {:>10.1} jobs/s   ({n} fetched in {:.2} s)",
+            "forge fetch rate (first → last fetch)",
+            n as f64 / (last.saturating_sub(first).max(1) as f64 / 1000.0),
+            last.saturating_sub(first) as f64 / 1000.0
+        );
+    }
     if l.missing_created + l.missing_released > 0 {
         println!(
             "    unpaired: {} without created, {} without released",
