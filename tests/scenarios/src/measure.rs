@@ -94,6 +94,14 @@ pub fn parse_kib(text: &str, key: &str) -> Option<u64> {
 }
 
 /// `VmHWM`: the peak resident set of a process, in KiB.
+/// Resident set size now (`VmRSS`), KiB.
+pub fn rss_kib(pid: u32) -> Option<u64> {
+    parse_kib(
+        &std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?,
+        "VmRSS:",
+    )
+}
+
 pub fn peak_rss_kib(pid: u32) -> Option<u64> {
     parse_kib(
         &std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?,

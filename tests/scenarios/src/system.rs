@@ -61,6 +61,9 @@ pub struct SystemSpec {
     /// test; the benchmark uses this so that process start-up (fork, exec, dynamic loading)
     /// of the simulation does not compete with jetrunner for the machine.
     pub pod_executor_in_process: bool,
+    /// Poll and heartbeat interval of the executors that run in this process (sandboxes', and
+    /// Pods' with `pod_executor_in_process`).
+    pub executor_poll: Duration,
 }
 
 impl Default for SystemSpec {
@@ -85,6 +88,7 @@ impl Default for SystemSpec {
             log_filter: "info".into(),
             vm_create_timeout: None,
             pod_executor_in_process: false,
+            executor_poll: Duration::from_millis(100),
         }
     }
 }
@@ -156,25 +160,35 @@ pub fn instructed_outcome(vars: &BTreeMap<String, String>) -> Outcome {
     }
 }
 
-fn executor_config(env: &BTreeMap<String, String>) -> Option<ExecutorConfig> {
+fn executor_config(env: &BTreeMap<String, String>, poll: Duration) -> Option<ExecutorConfig> {
     let mut cfg = ExecutorConfig::new(
         env.get("JETRUNNER_FACADE_URL")?.clone(),
         env.get("JETRUNNER_ASSIGNMENT_ID")?.clone(),
         env.get("JETRUNNER_RUNNER_TOKEN")?.clone(),
     );
-    cfg.poll_interval = Duration::from_millis(100);
+    cfg.poll_interval = poll;
     cfg.give_up_after = Duration::from_secs(60);
     Some(cfg)
 }
 
 /// The in-process executors' shared HTTP client for the facade (one connection pool instead of
 /// one client, and one load of the system's root certificates, per executor).
-#[derive(Clone, Default)]
-struct ExecutorClients(Arc<std::sync::Mutex<Option<(String, jr_forge::ForgeClient)>>>);
+#[derive(Clone)]
+struct ExecutorClients {
+    cached: Arc<std::sync::Mutex<Option<(String, jr_forge::ForgeClient)>>>,
+    poll: Duration,
+}
 
 impl ExecutorClients {
+    fn new(poll: Duration) -> Self {
+        Self {
+            cached: Arc::default(),
+            poll,
+        }
+    }
+
     fn for_url(&self, cfg: &ExecutorConfig) -> Option<jr_forge::ForgeClient> {
-        let mut cached = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cached = self.cached.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((url, client)) = cached.as_ref()
             && *url == cfg.facade_url
         {
@@ -186,7 +200,7 @@ impl ExecutorClients {
     }
 
     async fn run(&self, env: &BTreeMap<String, String>) {
-        if let Some(cfg) = executor_config(env) {
+        if let Some(cfg) = executor_config(env, self.poll) {
             let _ = match self.for_url(&cfg) {
                 Some(client) => run_one_shot_on(&client, cfg).await,
                 None => run_one_shot(cfg).await,
@@ -233,7 +247,7 @@ impl System {
             ..Default::default()
         })
         .await?;
-        let clients = ExecutorClients::default();
+        let clients = ExecutorClients::new(spec.executor_poll);
         let pod_runner = if spec.pod_executor_in_process {
             in_process_pod_runner(clients.clone())
         } else {

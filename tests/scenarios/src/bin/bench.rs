@@ -72,8 +72,15 @@ struct Args {
     /// Print only the scale run ([6]).
     #[arg(long)]
     scale_only: bool,
+    /// Jobs held in flight for the memory figure ([7]), half pod and half vm, each backend with
+    /// a slot per job; 0 skips it.
+    #[arg(long, default_value = "10000")]
+    inflight_jobs: u32,
+    /// Print only the memory figure ([7]).
+    #[arg(long)]
+    inflight_only: bool,
     /// Messages per second published for the projection-lag figure.
-    #[arg(long, default_value = "1000")]
+    #[arg(long, default_value = "2000")]
     lag_rate: u64,
     #[arg(long, default_value = "10")]
     lag_seconds: u64,
@@ -208,6 +215,9 @@ async fn main() -> anyhow::Result<()> {
     if args.scale_only {
         return scale_run(&args).await;
     }
+    if args.inflight_only {
+        return inflight_memory(&args).await;
+    }
     println!(
         "starting NATS, PostgreSQL, the fakes and the four services (binaries from {})…",
         jr_scenarios::process::bin_dir()?.display()
@@ -275,6 +285,9 @@ async fn main() -> anyhow::Result<()> {
     drop(system);
     if args.scale_jobs > 0 {
         scale_run(&args).await?;
+    }
+    if args.inflight_jobs > 0 {
+        inflight_memory(&args).await?;
     }
     println!(
         "\ntotal benchmark time {:.0} s",
@@ -359,6 +372,79 @@ async fn scale_run(args: &Args) -> anyhow::Result<()> {
         "  {:<26} {infrastructure:>8.2} CPU-ms/job   (the four services, nats-server and Postgres)",
         "jetrunner + NATS + Postgres"
     );
+    Ok(())
+}
+
+/// [7]: memory of each process with `inflight_jobs` jobs running at once: every job has its
+/// workload and a claimed executor (the scheduler tracks its attempt, the reconciler plans it,
+/// each worker holds its workload). Jobs last ten minutes and executors heartbeat every 10 s, so
+/// the figure is taken while nothing finishes. Printed last: the executors of this process are
+/// still running when the bench exits.
+async fn inflight_memory(args: &Args) -> anyhow::Result<()> {
+    let jobs = args.inflight_jobs;
+    let pod_jobs = jobs / 2;
+    let vm_jobs = jobs - pod_jobs;
+    println!(
+        "\n[7] memory with {jobs} jobs in flight ({pod_jobs} pod / {vm_jobs} vm, one slot each, all claimed and running; executors heartbeat every 10 s)"
+    );
+    let system = System::start(SystemSpec {
+        pod_capacity: pod_jobs as usize,
+        vm_capacity: vm_jobs as usize,
+        pod_start_delay: Duration::from_millis(args.pod_start_ms),
+        pod_executor_in_process: true,
+        executor_poll: Duration::from_secs(10),
+        claim_timeout: Duration::from_secs(600),
+        log_filter: "warn".into(),
+        ..Default::default()
+    })
+    .await?;
+    let watched = Watched::find(&system);
+    let t0 = Instant::now();
+    let minutes = [("JR_FAKE_DURATION_MS", "600000")];
+    system.enqueue("pod", pod_jobs, &minutes);
+    system.enqueue("vm", vm_jobs, &minutes);
+    let store = Store::connect(&system.database_url).await?;
+    let deadline = t0 + Duration::from_secs(600);
+    loop {
+        let counts = store.state_counts().await?;
+        let running: u64 = counts
+            .iter()
+            .filter(|c| c.state == jr_store::AssignmentState::Running)
+            .map(|c| c.count)
+            .sum();
+        if running >= u64::from(jobs) {
+            break;
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!("only {running} of {jobs} jobs running after 600 s");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    println!(
+        "  {:<44} {:>10.1} s   ({:.0} jobs/s fetched, started and claimed)",
+        "enqueue → all running",
+        t0.elapsed().as_secs_f64(),
+        f64::from(jobs) / t0.elapsed().as_secs_f64()
+    );
+    for (i, label) in watched.names.iter().enumerate() {
+        let Some(pid) = watched.pids[i] else { continue };
+        let mib =
+            |k: Option<u64>| k.map_or("-".into(), |k| format!("{:.1} MiB", k as f64 / 1024.0));
+        let target = if i < 4 {
+            match measure::rss_kib(pid) {
+                Some(k) if k * 1024 < 100_000_000 => "   target < 100 MB: met",
+                Some(_) => "   target < 100 MB: NOT met",
+                None => "",
+            }
+        } else {
+            ""
+        };
+        println!(
+            "  {label:<26} RSS {:>10}   peak {:>10}{target}",
+            mib(measure::rss_kib(pid)),
+            mib(measure::peak_rss_kib(pid))
+        );
+    }
     Ok(())
 }
 
