@@ -249,6 +249,37 @@ async fn list_finds_this_backends_pods_only() {
 }
 
 #[tokio::test]
+async fn list_reads_every_page_of_a_large_namespace() {
+    let kube = FakeKube::start(SimConfig::passive())
+        .await
+        .expect("fake kube");
+    let backend = backend(&kube);
+    // More than two pages of ours, with foreign Pods interleaved.
+    let mut expected = Vec::new();
+    for task in 0..1_100_i64 {
+        let id = AssignmentId::for_task("https://forge.test", task);
+        let name = format!("jr-{id}-1");
+        kube.create_pod(
+            NS,
+            json!({"metadata": {"name": name, "labels": {
+                "app.kubernetes.io/managed-by": "jetrunner", "jetrunner.dev/backend": "pod",
+                "jetrunner.dev/assignment": id.to_string(), "jetrunner.dev/attempt": "1"}},
+             "spec": {"containers": [{"name": "c", "image": "x"}]}}),
+        )
+        .expect("pod");
+        expected.push(name);
+        if task % 3 == 0 {
+            kube.create_pod(NS, json!({"metadata": {"name": format!("other-{task}")}, "spec": {"containers": [{"name": "c", "image": "x"}]}}))
+                .expect("foreign pod");
+        }
+    }
+    expected.sort_unstable();
+    let listed = backend.list().await.expect("list");
+    let names: Vec<&str> = listed.iter().map(|o| o.workload.as_str()).collect();
+    assert_eq!(names, expected);
+}
+
+#[tokio::test]
 async fn simulated_pod_runs_with_the_token_from_the_secret_and_is_observed_to_the_end() {
     let release = Arc::new(Notify::new());
     let (env_tx, mut env_rx) = mpsc::unbounded_channel::<BTreeMap<String, String>>();

@@ -210,19 +210,104 @@ fn list_or_watch(
         };
         return watch_response(shared, filter, since, timeout, bookmarks);
     }
-    let (items, rv) = shared.with_store(|s| {
-        (
-            s.list(resource, namespace.as_deref(), &selector),
-            s.resource_version(),
-        )
+    let limit = match params.get("limit").map(|l| l.parse::<usize>()) {
+        None | Some(Ok(0)) => usize::MAX,
+        Some(Ok(l)) => l,
+        Some(Err(_)) => return reply_error(&ApiError::bad_request("limit must be a number")),
+    };
+    let token = match params.get("continue").filter(|c| !c.is_empty()) {
+        None => None,
+        Some(raw) => match ContinueToken::decode(raw) {
+            Some(t) => Some(t),
+            None => {
+                return reply_error(&ApiError::bad_request(
+                    "continue key is not valid: the continue token cannot be decoded",
+                ));
+            }
+        },
+    };
+    let page = shared.with_store(|s| {
+        if let Some(t) = &token
+            && t.resource_version < s.compacted()
+        {
+            return Err(ApiError::new(
+                410,
+                "Expired",
+                "The provided continue parameter is too old to display a consistent list \
+                 result. You can start a new list without the continue parameter.",
+            ));
+        }
+        let after = token
+            .as_ref()
+            .map(|t| (t.namespace.clone(), t.name.clone()));
+        let (items, next) = s.list_page(
+            resource,
+            namespace.as_deref(),
+            &selector,
+            after.as_ref(),
+            limit,
+        );
+        let rv = token
+            .as_ref()
+            .map_or_else(|| s.resource_version(), |t| t.resource_version);
+        Ok((items, next, rv))
     });
+    let (items, next, rv) = match page {
+        Ok(page) => page,
+        Err(e) => return reply_error(&e),
+    };
+    let mut metadata = json!({ "resourceVersion": rv.to_string() });
+    if let Some((namespace, name)) = next {
+        metadata["continue"] = Value::String(
+            ContinueToken {
+                resource_version: rv,
+                namespace,
+                name,
+            }
+            .encode(),
+        );
+    }
     let list = json!({
         "kind": format!("{}List", resource.kind()),
         "apiVersion": "v1",
-        "metadata": { "resourceVersion": rv.to_string() },
+        "metadata": metadata,
         "items": items,
     });
     reply(StatusCode::OK, &list)
+}
+
+/// Where a paginated list goes on: the resourceVersion of its first page and the last object
+/// returned. Later pages show the objects as they are when asked (the real API server serves a
+/// consistent snapshot; a client must cope with either), and a token older than the compacted
+/// history is refused with `410 Expired`, so clients must be ready to start over.
+struct ContinueToken {
+    resource_version: u64,
+    namespace: String,
+    name: String,
+}
+
+impl ContinueToken {
+    fn encode(&self) -> String {
+        use base64::Engine as _;
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(format!(
+            "{}/{}/{}",
+            self.resource_version, self.namespace, self.name
+        ))
+    }
+
+    fn decode(raw: &str) -> Option<ContinueToken> {
+        use base64::Engine as _;
+        let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(raw)
+            .ok()?;
+        let text = String::from_utf8(bytes).ok()?;
+        let mut parts = text.splitn(3, '/');
+        Some(ContinueToken {
+            resource_version: parts.next()?.parse().ok()?,
+            namespace: parts.next()?.to_owned(),
+            name: parts.next()?.to_owned(),
+        })
+    }
 }
 
 struct WatchFilter {

@@ -371,6 +371,41 @@ impl Store {
             .collect()
     }
 
+    /// One page of [`Store::list`]: at most `limit` objects (in namespace/name order) after the
+    /// `after` position (namespace, name), and the position to continue from when more follow.
+    pub fn list_page(
+        &self,
+        resource: Resource,
+        namespace: Option<&str>,
+        selector: &LabelSelector,
+        after: Option<&(String, String)>,
+        limit: usize,
+    ) -> (Vec<Value>, Option<(String, String)>) {
+        let mut items = Vec::new();
+        let mut last = None;
+        for ((r, ns, name), o) in &self.objects {
+            if *r != resource
+                || namespace.is_some_and(|want| want != ns)
+                || after.is_some_and(|(a_ns, a_name)| (ns, name) <= (a_ns, a_name))
+                || !selector.matches(o)
+            {
+                continue;
+            }
+            if items.len() == limit {
+                return (items, last);
+            }
+            items.push(o.clone());
+            last = Some((ns.clone(), name.clone()));
+        }
+        (items, None)
+    }
+
+    /// The newest resourceVersion compacted away (a list continued from a snapshot older than
+    /// this is refused with `410 Expired`, as the API server does).
+    pub fn compacted(&self) -> u64 {
+        self.compacted
+    }
+
     /// Events after `resource_version`, oldest first; [`Expired`] when some of them were
     /// compacted away.
     pub fn events_after(&self, resource_version: u64) -> Result<&[StoredEvent], Expired> {

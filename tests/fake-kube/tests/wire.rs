@@ -99,6 +99,66 @@ async fn list_filters_by_label_selector_and_reports_the_resource_version() {
     );
 }
 
+async fn get_json(url: String) -> (u16, Value) {
+    let answer = http().get(url).send().await.expect("request");
+    let status = answer.status().as_u16();
+    (status, answer.json().await.expect("JSON body"))
+}
+
+#[tokio::test]
+async fn lists_are_paginated_with_limit_and_continue() {
+    let kube = FakeKube::start(SimConfig {
+        watch_history: 2,
+        ..SimConfig::passive()
+    })
+    .await
+    .expect("fake kube");
+    for name in ["a", "b", "c", "d", "e"] {
+        kube.create_pod("ns", pod(name)).expect("pod");
+    }
+    let base = format!(
+        "{}/api/v1/namespaces/ns/pods?labelSelector=team%3Da",
+        kube.url()
+    );
+    let (mut names, mut token, mut pages) = (Vec::new(), None::<String>, 0);
+    loop {
+        let url = match &token {
+            Some(t) => format!("{base}&limit=2&continue={t}"),
+            None => format!("{base}&limit=2"),
+        };
+        let (status, list) = get_json(url).await;
+        assert_eq!(status, 200, "{list}");
+        pages += 1;
+        let items = list["items"].as_array().expect("items");
+        assert!(items.len() <= 2, "a page holds at most `limit` items");
+        names.extend(
+            items
+                .iter()
+                .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_owned)),
+        );
+        match list["metadata"]["continue"].as_str() {
+            Some(t) => token = Some(t.to_owned()),
+            None => break,
+        }
+    }
+    assert_eq!(names, ["a", "b", "c", "d", "e"]);
+    assert_eq!(pages, 3);
+
+    // A token from before the compacted history is refused; the client must start over.
+    let (_, first) = get_json(format!("{base}&limit=2")).await;
+    let stale = first["metadata"]["continue"]
+        .as_str()
+        .expect("more pages")
+        .to_owned();
+    for name in ["f", "g", "h"] {
+        kube.create_pod("ns", pod(name)).expect("pod");
+    }
+    let (status, body) = get_json(format!("{base}&limit=2&continue={stale}")).await;
+    assert_eq!((status, body["reason"].as_str()), (410, Some("Expired")));
+    let (status, _) = get_json(format!("{base}&limit=2&continue=not-a-token")).await;
+    assert_eq!(status, 400);
+}
+
 #[tokio::test]
 async fn watch_replays_events_after_the_given_version_and_ends_at_its_timeout() {
     let kube = FakeKube::start(SimConfig::passive())

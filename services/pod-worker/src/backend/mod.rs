@@ -25,6 +25,8 @@ pub use status::{Tracker, observe_pod, pod_phase, pod_reason};
 
 /// How long to wait before trying again after a ResourceQuota refused a Pod.
 const QUOTA_RETRY_AFTER: Duration = Duration::from_secs(30);
+/// Pods per page when the backend is listed.
+const LIST_PAGE: u32 = 500;
 
 /// Whether `name` is a workload name this backend makes: `jr-<assignment uuid>-<attempt>`.
 pub fn is_workload_name(name: &str) -> bool {
@@ -380,14 +382,39 @@ impl Backend for PodBackend {
     }
 
     async fn list(&self) -> Result<Vec<ObservedWorkload>, BackendError> {
-        let pods = self
-            .pods
-            .list(&ListParams::default().labels(&self.selector()))
-            .await
-            .map_err(|e| self.error("list pods", e))?;
-        let mut observed: Vec<ObservedWorkload> =
-            pods.items.iter().filter_map(observe_pod).collect();
-        let skipped = pods.items.len() - observed.len();
+        // Page by page, keeping only what is observed of each Pod: the full objects of a
+        // namespace with thousands of Pods would otherwise be held at once. A continue token
+        // that expired mid-list (410) starts the list over, a few times at most.
+        let selector = self.selector();
+        let mut observed: Vec<ObservedWorkload> = Vec::new();
+        let mut skipped = 0_usize;
+        let mut restarts = 0_u32;
+        let mut token: Option<String> = None;
+        loop {
+            let mut params = ListParams::default().labels(&selector).limit(LIST_PAGE);
+            if let Some(t) = &token {
+                params = params.continue_token(t);
+            }
+            let page = match self.pods.list(&params).await {
+                Ok(page) => page,
+                Err(e) if token.is_some() && is_code(&e, 410) && restarts < 3 => {
+                    restarts += 1;
+                    tracing::debug!("pod list continue token expired; listing again");
+                    observed.clear();
+                    skipped = 0;
+                    token = None;
+                    continue;
+                }
+                Err(e) => return Err(self.error("list pods", e)),
+            };
+            let before = observed.len();
+            observed.extend(page.items.iter().filter_map(observe_pod));
+            skipped += page.items.len() - (observed.len() - before);
+            match page.metadata.continue_.filter(|t| !t.is_empty()) {
+                Some(next) => token = Some(next),
+                None => break,
+            }
+        }
         if skipped > 0 {
             tracing::warn!(
                 skipped,
