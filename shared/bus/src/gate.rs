@@ -1,6 +1,7 @@
 //! Capacity gating for consumers: a consumer asks its [`Gate`] for a [`Permit`] before it pulls
 //! the next message, so a full worker does not pull and the work waits in JetStream.
 
+use std::any::Any;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -10,20 +11,26 @@ use tokio::sync::Semaphore;
 /// A held capacity slot. Dropping it frees the slot; a handler may keep it (move it into its
 /// own state) for as long as the work occupies capacity.
 pub struct Permit {
-    _guard: Option<Box<dyn Send + Sync>>,
+    guard: Option<Box<dyn Any + Send + Sync>>,
 }
 
 impl Permit {
     /// A permit that frees its slot when `guard` is dropped.
     pub fn new(guard: impl Send + Sync + 'static) -> Self {
         Self {
-            _guard: Some(Box::new(guard)),
+            guard: Some(Box::new(guard)),
         }
     }
 
     /// A permit that holds nothing.
     pub fn unlimited() -> Self {
-        Self { _guard: None }
+        Self { guard: None }
+    }
+
+    /// The guard this permit was made with, when it is a `T` (so the gate that made it can
+    /// tell which of its slots a delivery holds).
+    pub fn guard<T: 'static>(&self) -> Option<&T> {
+        self.guard.as_ref()?.downcast_ref::<T>()
     }
 }
 

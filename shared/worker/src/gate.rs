@@ -1,7 +1,8 @@
-//! The assignment consumer's gate: a pull happens only with a ticket the state machine granted,
-//! so the capacity decision is taken in one place. Tickets are counted, not matched: a handler
-//! consumes any outstanding ticket, and a ticket whose guard is dropped while still outstanding
-//! (the pull ended without a message) is given back. Each granted ticket is thus released
+//! The assignment consumer's gate: a pull happens only with tickets the state machine granted,
+//! so the capacity decision is taken in one place. One pull may hold several tickets (one per
+//! message it may bring); each delivered message carries the permit of one ticket, and its
+//! handler takes exactly that ticket. A ticket whose permit is dropped while still outstanding
+//! (the pull ended with fewer messages) is given back. Each granted ticket is thus released
 //! exactly once, by whichever comes first.
 
 use std::collections::BTreeSet;
@@ -54,9 +55,10 @@ impl Outstanding {
         self.lock().remove(&ticket)
     }
 
-    /// Takes one outstanding ticket for a delivered message.
-    pub(crate) fn consume(&self) -> Option<TicketId> {
-        self.lock().pop_first()
+    /// Takes the ticket of a delivered message's permit, if it is still outstanding.
+    pub(crate) fn consume(&self, permit: Option<&Permit>) -> Option<TicketId> {
+        let ticket = permit?.guard::<TicketGuard>()?.ticket;
+        self.remove(ticket).then_some(ticket)
     }
 }
 
@@ -116,5 +118,54 @@ impl Gate for TicketGate {
                 _ => std::future::pending().await,
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn permit(
+        ticket: u64,
+        outstanding: &Outstanding,
+        tx: &mpsc::UnboundedSender<ToDriver>,
+    ) -> Permit {
+        let ticket = TicketId(ticket);
+        outstanding.insert(ticket);
+        Permit::new(TicketGuard {
+            ticket,
+            outstanding: outstanding.clone(),
+            tx: tx.clone(),
+        })
+    }
+
+    /// Two messages of one pull: the first finishes (its permit dropped) before the second's
+    /// handler runs. Each handler must get its own ticket and nothing may be given back, or
+    /// the second message would find no ticket and the state machine would count a slot short.
+    #[test]
+    fn each_delivery_takes_the_ticket_of_its_own_permit() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let outstanding = Outstanding::default();
+        let first = permit(2, &outstanding, &tx);
+        let second = permit(1, &outstanding, &tx);
+        assert_eq!(outstanding.consume(Some(&first)), Some(TicketId(2)));
+        drop(first);
+        assert_eq!(outstanding.consume(Some(&second)), Some(TicketId(1)));
+        drop(second);
+        assert!(rx.try_recv().is_err(), "no ticket was given back");
+        assert_eq!(outstanding.consume(None), None);
+    }
+
+    #[test]
+    fn an_unused_permit_gives_its_ticket_back_once() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let outstanding = Outstanding::default();
+        drop(permit(7, &outstanding, &tx));
+        match rx.try_recv() {
+            Ok(ToDriver::Input(Input::TicketDropped(TicketId(7)))) => {}
+            _ => panic!("ticket 7 given back"),
+        }
+        assert!(rx.try_recv().is_err());
+        assert_eq!(outstanding.lock().len(), 0);
     }
 }

@@ -247,9 +247,9 @@ async fn handle_assignment(
     metrics: &crate::metrics::WorkerMetrics,
     outstanding: &Outstanding,
 ) -> Disposition {
-    // The pull that brought this message used one ticket; take one now (tickets are counted,
-    // see `gate`), and give it back if the message cannot reach the state machine.
-    let ticket = outstanding.consume();
+    // The pull that brought this message used the ticket of its permit; take it now (see
+    // `gate`), and give it back if the message cannot reach the state machine.
+    let ticket = outstanding.consume(delivery.permit.as_ref());
     let give_back = || {
         if let Some(ticket) = ticket {
             let _ = tx.send(ToDriver::Input(Input::TicketDropped(ticket)));
