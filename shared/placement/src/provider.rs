@@ -35,6 +35,19 @@ pub struct ProviderView {
 }
 
 impl ProviderView {
+    /// An enabled, reachable provider with no work, no limit and no recent "full" answer.
+    pub fn new(name: impl Into<String>, weight: u32) -> Self {
+        ProviderView {
+            name: name.into(),
+            weight,
+            max_runners: None,
+            disabled: false,
+            used: 0,
+            reachable: true,
+            full_until: None,
+        }
+    }
+
     /// Whether new work may go here at `now`: a positive weight, not drained, reachable, not
     /// recently full, and below `max_runners` when that is set.
     pub fn has_room(&self, now: Instant) -> bool {
@@ -131,15 +144,7 @@ mod tests {
     use super::*;
 
     fn provider(name: &str, weight: u32) -> ProviderView {
-        ProviderView {
-            name: name.to_owned(),
-            weight,
-            max_runners: None,
-            disabled: false,
-            used: 0,
-            reachable: true,
-            full_until: None,
-        }
+        ProviderView::new(name, weight)
     }
 
     fn picks(picker: &mut WeightedPicker, providers: &[ProviderView], n: usize) -> Vec<String> {

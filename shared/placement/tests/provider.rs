@@ -7,15 +7,7 @@ use jr_placement::provider::{ProviderView, Unreachable, WeightedPicker, unreacha
 use proptest::prelude::*;
 
 fn open(name: String, weight: u32) -> ProviderView {
-    ProviderView {
-        name,
-        weight,
-        max_runners: None,
-        disabled: false,
-        used: 0,
-        reachable: true,
-        full_until: None,
-    }
+    ProviderView::new(name, weight)
 }
 
 /// A provider in any state, with `full_until` up to 3 s either side of `now`.
