@@ -16,6 +16,7 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/jet
 cargo build --workspace --bins
 JR_PROPTEST_CASES=10000 cargo test -p jr-worker --test properties
 JR_PROPTEST_CASES=2000 cargo test -p reconciler --lib equivalence
+PROPTEST_CASES=10000 cargo test -p jr-placement
 JR_PACING_CRASHES=50 cargo test -p jr-scenarios --test pacing forgejo -- --test-threads=1 --nocapture
 cargo test -p jr-scenarios --test workers -- --ignored --test-threads=1
 for _ in $(seq "${SOAK_SEEDS:-5}"); do
