@@ -25,7 +25,7 @@ use crate::forge_report::report_failure;
 use crate::forges::{Forges, Registration};
 use crate::pacing::{BackendRoom, TasksVersion, room};
 use crate::request_key::RequestKeys;
-use crate::routing::{Router, job_facts};
+use crate::routing::{Placed, Router, forge_context, job_facts};
 use crate::seal::{SealScope, Sealer};
 use crate::unclaimed::Unclaimed;
 
@@ -92,6 +92,7 @@ impl Dispatcher {
         backend: &BackendName,
         labels: Vec<String>,
         job_name: String,
+        placement: String,
     ) -> Result<Envelope, crate::seal::SealError> {
         let id = AssignmentId::for_task(&self.forge_instance, task.id);
         let plaintext = task.encode_to_vec();
@@ -113,6 +114,7 @@ impl Dispatcher {
             forge_task_id: task.id,
             backend: backend.clone(),
             provider: None,
+            placement: Some(placement),
             labels,
             repository: context_string(task, "repository"),
             job_name,
@@ -138,18 +140,19 @@ impl Dispatcher {
         shutdown: &CancellationToken,
     ) {
         let facts = job_facts(task.workflow_payload.as_deref());
-        let routed = match &registration.own_backend {
-            Some(own) => self.router.route_fetched(own, &facts.runs_on),
-            None => self.router.route(&facts.runs_on),
-        };
+        let context = forge_context(task.context.as_ref());
+        let routed = self
+            .router
+            .place(registration.own_backend.as_ref(), &facts.runs_on, &context);
         let forge = &registration.client;
         match routed {
-            Ok(backend) => {
+            Ok(Placed { backend, reason }) => {
                 let envelope = match self.assignment_envelope(
                     &task,
                     &backend,
                     facts.runs_on,
                     facts.job_name,
+                    reason,
                 ) {
                     Ok(e) => e,
                     Err(e) => {

@@ -279,6 +279,7 @@ mod tests {
                 forge_task_id: 7,
                 backend: backend("pod"),
                 provider: None,
+                placement: None,
                 labels: vec!["pod".into()],
                 repository: "org/repo".into(),
                 job_name: "build".into(),

@@ -1,6 +1,7 @@
 //! Which backend runs a job: the job's `runs-on` labels against the configured rules.
 
 use jr_config::Config;
+use jr_placement::{ForgeContext, TrustLevel, TrustPolicy};
 use jr_protocol::BackendName;
 
 /// Which enabled backend may run a job, decided the way the forge matches jobs to runners: a
@@ -14,6 +15,27 @@ pub struct Router {
     default: Option<BackendName>,
     /// Every label some enabled backend declares (for `Declare` and error messages).
     declared: Vec<String>,
+    /// Trust level of each enabled backend, in name order.
+    trust: Vec<(BackendName, TrustLevel)>,
+    /// `[routing.trust]`.
+    policy: TrustPolicy,
+}
+
+/// Where a job runs and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Placed {
+    pub backend: BackendName,
+    /// The trust decision, recorded on the assignment.
+    pub reason: String,
+}
+
+/// Why a job cannot be placed; reported to the forge as the job's failure.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PlaceError {
+    #[error(transparent)]
+    NoRoute(#[from] NoRoute),
+    #[error("jetrunner may not run this job on any enabled backend: {0}")]
+    NotAllowed(String),
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -51,11 +73,17 @@ impl Router {
         let mut declared: Vec<String> = backends.iter().flat_map(|(_, l)| l.clone()).collect();
         declared.sort();
         declared.dedup();
+        let trust = config
+            .enabled_backends()
+            .map(|(n, b)| (n, b.trust_level()))
+            .collect();
         Self {
             backends,
             rules,
             default,
             declared,
+            trust,
+            policy: config.routing.trust.policy(),
         }
     }
 
@@ -88,7 +116,15 @@ impl Router {
     /// labels, the first rule naming one of the job's labels wins, then `default_backend`,
     /// then the first candidate by name.
     pub fn route(&self, labels: &[String]) -> Result<BackendName, NoRoute> {
-        let candidates: Vec<&BackendName> = self
+        self.candidates(labels)
+            .into_iter()
+            .next()
+            .ok_or_else(|| self.no_route(labels))
+    }
+
+    /// The backends declaring all of `labels`, most preferred first (rule, default, name).
+    fn candidates(&self, labels: &[String]) -> Vec<BackendName> {
+        let serving: Vec<&BackendName> = self
             .backends
             .iter()
             .filter(|(_, declared)| Self::serves(declared, labels))
@@ -97,14 +133,79 @@ impl Router {
         let by_rule = self
             .rules
             .iter()
-            .find(|(label, b)| labels.contains(label) && candidates.contains(&b))
+            .find(|(label, b)| labels.contains(label) && serving.contains(&b))
             .map(|(_, b)| b);
-        let by_default = self.default.as_ref().filter(|d| candidates.contains(d));
-        by_rule
-            .or(by_default)
-            .or(candidates.first().copied())
-            .cloned()
-            .ok_or_else(|| self.no_route(labels))
+        let by_default = self.default.as_ref().filter(|d| serving.contains(d));
+        let mut ordered: Vec<BackendName> = Vec::with_capacity(serving.len());
+        for b in by_rule.into_iter().chain(by_default).chain(serving) {
+            if !ordered.contains(b) {
+                ordered.push(b.clone());
+            }
+        }
+        ordered
+    }
+
+    fn trust_of(&self, backends: &[BackendName]) -> Vec<(String, TrustLevel)> {
+        backends
+            .iter()
+            .filter_map(|b| {
+                self.trust
+                    .iter()
+                    .find(|(n, _)| n == b)
+                    .map(|(n, t)| (n.to_string(), *t))
+            })
+            .collect()
+    }
+
+    /// Chooses the backend of a job from its `runs-on` labels and its forge context: the
+    /// context decides the most trusted level the job may use (a fork's pull request is at most
+    /// `untrusted`), and `runs-on` can only pick among backends at or below it. A job that asks
+    /// for a more trusted backend than it may use runs on the most trusted one it may use.
+    /// `own`: the registration that fetched the job belongs to this backend, which then is the
+    /// only backend it can run on; a job that may not use it is refused with the reason (and
+    /// the labels that would place it), never run there.
+    pub fn place(
+        &self,
+        own: Option<&BackendName>,
+        labels: &[String],
+        context: &ForgeContext,
+    ) -> Result<Placed, PlaceError> {
+        let candidates = match own {
+            Some(own) => vec![self.route_fetched(own, labels)?],
+            None => {
+                let c = self.candidates(labels);
+                if c.is_empty() {
+                    return Err(self.no_route(labels).into());
+                }
+                c
+            }
+        };
+        let all: Vec<BackendName> = self.trust.iter().map(|(b, _)| b.clone()).collect();
+        let decision = jr_placement::decide(
+            &self.policy,
+            context,
+            &self.trust_of(&candidates),
+            &self.trust_of(&all),
+        )
+        .map_err(|e| PlaceError::NotAllowed(e.to_string()))?;
+        let backend = BackendName::new(&decision.backend)
+            .map_err(|e| PlaceError::NotAllowed(e.to_string()))?;
+        if let Some(own) = own
+            && *own != backend
+        {
+            // The task belongs to `own`'s runner at the forge; only that runner can report it,
+            // so it cannot move to another backend's registration.
+            return Err(PlaceError::NotAllowed(format!(
+                "{}; the runner of backend {own} took it, and it may run only on {backend}: \
+                 ask for runs-on {:?}",
+                decision.reason,
+                self.labels_of(&backend)
+            )));
+        }
+        Ok(Placed {
+            backend,
+            reason: decision.reason,
+        })
     }
 
     /// A job fetched by `backend`'s own registration runs there (the task belongs to that
@@ -120,6 +221,50 @@ impl Router {
         } else {
             Err(self.no_route(labels))
         }
+    }
+}
+
+/// The trust-relevant facts of a forge task, read from its context (what the forge itself
+/// says, not anything the workflow author wrote). A pull request event counts as fork code
+/// unless its payload shows the head repository is the base repository and not a fork; a
+/// payload without that information counts as a fork.
+pub fn forge_context(context: Option<&prost_types::Struct>) -> ForgeContext {
+    use prost_types::value::Kind;
+    fn field<'a>(s: Option<&'a prost_types::Struct>, key: &str) -> Option<&'a Kind> {
+        s?.fields.get(key)?.kind.as_ref()
+    }
+    fn text(s: Option<&prost_types::Struct>, key: &str) -> String {
+        match field(s, key) {
+            Some(Kind::StringValue(v)) => v.clone(),
+            _ => String::new(),
+        }
+    }
+    fn object<'a>(
+        s: Option<&'a prost_types::Struct>,
+        key: &str,
+    ) -> Option<&'a prost_types::Struct> {
+        match field(s, key) {
+            Some(Kind::StructValue(v)) => Some(v),
+            _ => None,
+        }
+    }
+    let event_name = text(context, "event_name");
+    let head_is_fork = event_name.starts_with("pull_request") && {
+        let pr = object(object(context, "event"), "pull_request");
+        let repo_of = |side: &str| object(object(pr, side), "repo");
+        let head = repo_of("head");
+        let base = repo_of("base");
+        let marked_fork = matches!(field(head, "fork"), Some(Kind::BoolValue(true)));
+        let head_name = text(head, "full_name");
+        let base_name = text(base, "full_name");
+        marked_fork || head_name.is_empty() || !head_name.eq_ignore_ascii_case(&base_name)
+    };
+    ForgeContext {
+        repository: text(context, "repository"),
+        owner: text(context, "repository_owner"),
+        event: event_name,
+        head_is_fork,
+        actor: text(context, "actor"),
     }
 }
 
@@ -303,5 +448,200 @@ opensandbox = {{ url = "http://o" }}
         assert_eq!(mapping_one.runs_on, labels(&["vm"]));
         assert_eq!(job_facts(Some(b"\x00not yaml: [")), JobFacts::default());
         assert_eq!(job_facts(None), JobFacts::default());
+    }
+}
+
+#[cfg(test)]
+mod trust_tests {
+    use super::*;
+    use prost_types::value::Kind;
+    use prost_types::{Struct, Value};
+
+    fn text(s: &str) -> Value {
+        Value {
+            kind: Some(Kind::StringValue(s.to_owned())),
+        }
+    }
+
+    fn object(fields: Vec<(&str, Value)>) -> Value {
+        Value {
+            kind: Some(Kind::StructValue(Struct {
+                fields: fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
+            })),
+        }
+    }
+
+    /// A forge context for `event` on acme/widgets; `head` is the pull request's head
+    /// repository (name, fork flag) when the event carries one.
+    fn context(event: &str, head: Option<(&str, bool)>) -> Struct {
+        let mut event_payload = vec![];
+        if let Some((name, fork)) = head {
+            let repo = |n: &str, f: bool| {
+                object(vec![(
+                    "repo",
+                    object(vec![
+                        ("full_name", text(n)),
+                        (
+                            "fork",
+                            Value {
+                                kind: Some(Kind::BoolValue(f)),
+                            },
+                        ),
+                    ]),
+                )])
+            };
+            event_payload.push((
+                "pull_request",
+                object(vec![
+                    ("head", repo(name, fork)),
+                    ("base", repo("acme/widgets", false)),
+                ]),
+            ));
+        }
+        Struct {
+            fields: [
+                ("event_name", text(event)),
+                ("repository", text("acme/widgets")),
+                ("repository_owner", text("acme")),
+                ("actor", text("someone")),
+                ("event", object(event_payload)),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect(),
+        }
+    }
+
+    #[test]
+    fn fork_code_is_recognised_from_the_forge_context() {
+        let fork = |event, head| forge_context(Some(&context(event, head))).head_is_fork;
+        assert!(!fork("push", None));
+        assert!(fork("pull_request", Some(("mallory/widgets", true))));
+        assert!(fork(
+            "pull_request_target",
+            Some(("mallory/widgets", false))
+        ));
+        assert!(!fork("pull_request", Some(("acme/widgets", false))));
+        // A pull request whose payload does not say where its head lives counts as a fork.
+        assert!(fork("pull_request", None));
+        assert!(!forge_context(None).head_is_fork);
+        let ctx = forge_context(Some(&context("push", None)));
+        assert_eq!(
+            (
+                ctx.repository.as_str(),
+                ctx.owner.as_str(),
+                ctx.actor.as_str()
+            ),
+            ("acme/widgets", "acme", "someone")
+        );
+    }
+
+    /// A pod and a vm backend (default trust levels unless `vm_extra` says otherwise) plus
+    /// `extra` at the end of the file.
+    fn router_with(vm_extra: &str, extra: &str) -> Router {
+        let text = format!(
+            r#"
+[nats]
+url = "nats://x:4222"
+[forge]
+url = "http://f"
+registration_token = "t"
+[facade]
+listen = "127.0.0.1:1"
+public_url = "http://x"
+insecure_plain_http = true
+[backend.pod]
+kind = "pod"
+capacity = 2
+kubernetes = {{ namespace = "j" }}
+[backend.vm]
+kind = "vm"
+capacity = 2
+opensandbox = {{ url = "http://o" }}
+{vm_extra}
+{extra}
+"#
+        );
+        Router::from_config(
+            &jr_config::load_str(&text, "t", std::iter::empty()).expect("valid config"),
+        )
+    }
+
+    fn router(extra: &str) -> Router {
+        router_with("", extra)
+    }
+
+    #[test]
+    fn a_fork_pull_request_asking_for_a_pod_runs_on_the_vm_backend() {
+        let r = router("");
+        let pod = labels(&["pod"]);
+        let fork = forge_context(Some(&context(
+            "pull_request",
+            Some(("mallory/widgets", true)),
+        )));
+        let placed = r.place(None, &pod, &fork).expect("placed");
+        assert_eq!(placed.backend.as_str(), "vm");
+        assert!(placed.reason.contains("fork"), "{}", placed.reason);
+        // The same labels from a push of the repository itself run where they asked.
+        let push = forge_context(Some(&context("push", None)));
+        assert_eq!(
+            r.place(None, &pod, &push).expect("placed").backend.as_str(),
+            "pod"
+        );
+        // Fetched by the pod backend's own runner: refused (never on a Pod), with the labels
+        // that would place it.
+        let own = BackendName::new("pod").expect("name");
+        match r.place(Some(&own), &pod, &fork) {
+            Err(PlaceError::NotAllowed(why)) => {
+                assert!(why.contains("fork") && why.contains("\"vm\""), "{why}")
+            }
+            other => panic!("refused, got {other:?}"),
+        }
+        let vm = BackendName::new("vm").expect("name");
+        assert_eq!(
+            r.place(Some(&vm), &labels(&["vm"]), &fork)
+                .expect("placed")
+                .backend
+                .as_str(),
+            "vm"
+        );
+    }
+
+    #[test]
+    fn trust_rules_and_backend_levels_come_from_the_config() {
+        // Every repository of owner `outside` is untrusted.
+        let r = router(
+            r#"
+[[routing.trust.rules]]
+matcher = { owner = "outside" }
+max_trust = "untrusted"
+"#,
+        );
+        let mut ctx = forge_context(Some(&context("push", None)));
+        ctx.owner = "outside".into();
+        assert_eq!(
+            r.place(None, &labels(&["pod"]), &ctx)
+                .expect("placed")
+                .backend
+                .as_str(),
+            "vm"
+        );
+        // With no untrusted backend, such a job is refused with the reason.
+        let only_trusted = router_with(
+            "trust = \"trusted\"",
+            r#"
+[[routing.trust.rules]]
+matcher = { owner = "outside" }
+max_trust = "untrusted"
+"#,
+        );
+        let err = only_trusted
+            .place(None, &labels(&["pod"]), &ctx)
+            .expect_err("no backend allowed");
+        assert!(matches!(err, PlaceError::NotAllowed(_)), "{err}");
+    }
+
+    fn labels(l: &[&str]) -> Vec<String> {
+        l.iter().map(|s| s.to_string()).collect()
     }
 }

@@ -449,7 +449,13 @@ async fn fail_task_reports_failure_once_and_respects_an_existing_terminal() {
         // The third task gets no assignment: a fail-task naming it is not the scheduler's.
         if n < 2 {
             let envelope = dispatcher
-                .assignment_envelope(&task, &pod, vec!["pod".into()], "build".into())
+                .assignment_envelope(
+                    &task,
+                    &pod,
+                    vec!["pod".into()],
+                    "build".into(),
+                    "test".into(),
+                )
                 .expect("seal");
             world
                 .bus

@@ -265,6 +265,44 @@ pub struct RoutingConfig {
     /// Backend for jobs no rule matches; when unset such jobs are failed with an explanation.
     #[serde(default)]
     pub default_backend: Option<String>,
+    /// Which backends a job may use, from its forge context (`[routing.trust]`).
+    #[serde(default)]
+    pub trust: TrustConfig,
+}
+
+/// `[routing.trust]`: the most trusted backend level a job may use, decided from its forge
+/// context. Fork code (a pull request from a fork) is always at most `untrusted`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrustConfig {
+    /// Evaluated in order; the first rule whose matcher fits the job's context sets the maximum.
+    #[serde(default)]
+    pub rules: Vec<jr_placement::TrustRule>,
+    /// The maximum when no rule matches.
+    #[serde(default = "trusted")]
+    pub default_max: jr_placement::TrustLevel,
+}
+
+impl Default for TrustConfig {
+    fn default() -> Self {
+        Self {
+            rules: Vec::new(),
+            default_max: trusted(),
+        }
+    }
+}
+
+impl TrustConfig {
+    pub fn policy(&self) -> jr_placement::TrustPolicy {
+        jr_placement::TrustPolicy {
+            rules: self.rules.clone(),
+            default_max: self.default_max,
+        }
+    }
+}
+
+fn trusted() -> jr_placement::TrustLevel {
+    jr_placement::TrustLevel::Trusted
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -307,6 +345,10 @@ pub struct BackendConfig {
     pub runner_token_file: Option<PathBuf>,
     #[serde(default)]
     pub providers: Vec<ProviderConfig>,
+    /// How much this backend is trusted with: `trusted` (only jobs whose context may use it) or
+    /// `untrusted` (any job). Default: `trusted` for `pod`, `untrusted` for `vm`.
+    #[serde(default)]
+    pub trust: Option<jr_placement::TrustLevel>,
     /// Runner block defaults (Pod template fragment for pod backends).
     #[serde(default)]
     pub runner: Option<toml::Table>,
@@ -506,6 +548,14 @@ pub struct TelemetryConfig {
 }
 
 impl BackendConfig {
+    /// The trust level in effect: the configured one, else by kind.
+    pub fn trust_level(&self) -> jr_placement::TrustLevel {
+        self.trust.unwrap_or(match self.kind {
+            BackendKind::Pod => jr_placement::TrustLevel::Trusted,
+            BackendKind::Vm => jr_placement::TrustLevel::Untrusted,
+        })
+    }
+
     /// Labels declared to the forge: the configured ones, or the backend name.
     pub fn declared_labels(&self, name: &str) -> Vec<String> {
         if self.labels.is_empty() {

@@ -189,6 +189,10 @@ pub struct Assignment {
     pub backend: BackendName,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider: Option<String>,
+    /// Why the job runs on this backend: the trust decision over its forge context (the most
+    /// trusted level it may use and what `runs-on` asked for).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<String>,
     pub labels: Vec<String>,
     pub repository: String,
     pub job_name: String,

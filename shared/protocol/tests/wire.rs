@@ -20,6 +20,7 @@ fn samples() -> Vec<Envelope> {
             forge_task_id: 1234,
             backend: pod(),
             provider: Some("default".into()),
+            placement: Some("default policy: at most trusted".into()),
             labels: vec!["pod".into(), "self-hosted".into()],
             repository: "acme/widgets".into(),
             job_name: "build".into(),

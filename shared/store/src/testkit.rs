@@ -45,6 +45,7 @@ impl Builder {
                 forge_task_id: self.forge_task_id,
                 backend: self.backend.clone(),
                 provider: None,
+                placement: None,
                 labels: vec![self.backend.to_string(), "self-hosted".into()],
                 repository: "org/repo".into(),
                 job_name: format!("job-{}", self.forge_task_id),

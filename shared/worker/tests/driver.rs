@@ -107,6 +107,7 @@ fn assignment(task: i64, attempt: u32) -> (String, Envelope) {
         forge_task_id: task,
         backend: backend_name(),
         provider: None,
+        placement: None,
         labels: vec!["vm".into()],
         repository: "o/r".into(),
         job_name: "build".into(),

@@ -33,6 +33,10 @@ pub struct JobSpec {
     pub secrets: BTreeMap<String, String>,
     /// Number of steps in the workflow YAML (step ids 0..steps).
     pub steps: u32,
+    /// The run was triggered by a pull request from this fork (`owner/name`): the context's
+    /// `event_name` is `pull_request` and its event payload names the fork as the head
+    /// repository, as the forge does. `None`: a push to the repository itself.
+    pub pull_request_from_fork: Option<String>,
 }
 
 impl Default for JobSpec {
@@ -44,6 +48,7 @@ impl Default for JobSpec {
             vars: BTreeMap::new(),
             secrets: BTreeMap::new(),
             steps: 1,
+            pull_request_from_fork: None,
         }
     }
 }

@@ -84,18 +84,37 @@ pub(crate) fn context(m: &TaskMaterial<'_>) -> Struct {
     let sha = format!("{:040x}", u128::from(m.job_id.0) * 0x9e37_79b9_7f4a_7c15);
     let git_ref = "refs/heads/main";
     let run_id = m.job_id.0.to_string();
-    let event = object(fields([
+    let repository = object(fields([
+        ("full_name", text(spec.repo.clone())),
+        ("name", text(repo_name)),
+        ("owner", object(fields([("login", text(owner.clone()))]))),
+    ]));
+    let mut event_fields = fields([
         ("ref", text(git_ref)),
         ("after", text(sha.clone())),
-        (
-            "repository",
-            object(fields([
-                ("full_name", text(spec.repo.clone())),
-                ("name", text(repo_name)),
-                ("owner", object(fields([("login", text(owner.clone()))]))),
-            ])),
-        ),
-    ]));
+        ("repository", repository.clone()),
+    ]);
+    let event_name = match &spec.pull_request_from_fork {
+        None => "push",
+        Some(fork) => {
+            let side = |repo: Value| object(fields([("repo", repo), ("sha", text(sha.clone()))]));
+            let head = object(fields([
+                ("full_name", text(fork.clone())),
+                (
+                    "fork",
+                    Value {
+                        kind: Some(Kind::BoolValue(true)),
+                    },
+                ),
+            ]));
+            event_fields.insert(
+                "pull_request".to_owned(),
+                object(fields([("head", side(head)), ("base", side(repository))])),
+            );
+            "pull_request"
+        }
+    };
+    let event = object(event_fields);
     let empty = || text("");
     Struct {
         fields: fields([
@@ -109,7 +128,7 @@ pub(crate) fn context(m: &TaskMaterial<'_>) -> Struct {
             ("base_ref", empty()),
             ("env", empty()),
             ("event", event),
-            ("event_name", text("push")),
+            ("event_name", text(event_name)),
             ("event_path", empty()),
             ("graphql_url", empty()),
             ("head_ref", empty()),

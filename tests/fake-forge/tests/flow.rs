@@ -83,6 +83,7 @@ async fn register_declare_fetch_flow_hands_out_a_complete_task() {
         vars: BTreeMap::from([("REGION".into(), "eu".into())]),
         secrets: BTreeMap::from([("DEPLOY_KEY".into(), "s3cret".into())]),
         steps: 3,
+        ..Default::default()
     };
     let job_id = forge.enqueue_job(spec);
     let reply = client.fetch(0).await.expect("fetch");

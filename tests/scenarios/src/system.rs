@@ -64,6 +64,9 @@ pub struct SystemSpec {
     /// Poll and heartbeat interval of the executors that run in this process (sandboxes', and
     /// Pods' with `pod_executor_in_process`).
     pub executor_poll: Duration,
+    /// `forge.registration = "shared"`: one runner fetches for both backends (default: one
+    /// runner per backend).
+    pub shared_registration: bool,
 }
 
 impl Default for SystemSpec {
@@ -89,6 +92,7 @@ impl Default for SystemSpec {
             vm_create_timeout: None,
             pod_executor_in_process: false,
             executor_poll: Duration::from_millis(100),
+            shared_registration: false,
         }
     }
 }
@@ -737,6 +741,7 @@ max_backoff = "2s"
 flavor = "{flavor}"
 task_capacity = {task_capacity}
 keepalive_interval = "{keepalive}"
+registration = "{registration}"
 
 [facade]
 listen = "127.0.0.1:{facade}"
@@ -797,6 +802,11 @@ log_format = "json"
         flavor = spec.forge_flavor,
         task_capacity = spec.task_capacity,
         keepalive = secs(spec.keepalive),
+        registration = if spec.shared_registration {
+            "shared"
+        } else {
+            "per-backend"
+        },
         lookahead = spec.lookahead,
         facade = ports.facade,
         pod_capacity = spec.pod_capacity,

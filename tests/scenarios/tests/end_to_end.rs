@@ -101,3 +101,70 @@ async fn mixed_pod_and_vm_jobs_all_finish_once_and_leave_nothing_behind() -> any
     assert!(violations.is_empty(), "{violations:#?}\n{}", system.logs());
     Ok(())
 }
+
+/// Trust-aware routing: a pull request from a fork that asks for `runs-on: pod` never runs in a
+/// Pod. With one runner for both backends it runs in a microVM; with a runner per backend the
+/// pod runner took the task, so it is failed at the forge with the reason. The same job pushed
+/// to the repository itself runs in a Pod either way.
+async fn fork_pull_request_asking_for_a_pod(shared_registration: bool) -> anyhow::Result<()> {
+    let mut system = System::start(SystemSpec {
+        shared_registration,
+        ..Default::default()
+    })
+    .await?;
+    let job = |fork: Option<&str>| jr_fake_forge::JobSpec {
+        repo: "acme/widgets".into(),
+        name: "build".into(),
+        runs_on: vec!["pod".into()],
+        steps: 2,
+        pull_request_from_fork: fork.map(str::to_owned),
+        ..Default::default()
+    };
+    let from_fork = system.forge.enqueue_jobs(job(Some("mallory/widgets")), 1);
+    let pushed = system.forge.enqueue_jobs(job(None), 1);
+    if let Err(e) = system.wait_all_final(Duration::from_secs(60)).await {
+        anyhow::bail!("{e}\n{}", system.logs());
+    }
+    if let Err(e) = system.wait_no_workloads(Duration::from_secs(60)).await {
+        anyhow::bail!("{e}\n{}", system.logs());
+    }
+    let snapshot = system.forge.snapshot();
+    let status =
+        |id: &jr_fake_forge::JobId| snapshot.jobs.iter().find(|j| j.id == *id).map(|j| j.status);
+    let success = Some(jr_fake_forge::Status::Done(jr_fake_forge::Outcome::Success));
+    assert_eq!(status(&pushed[0]), success, "the pushed job ran");
+    let vms = system
+        .sandbox
+        .created()
+        .into_iter()
+        .filter(|s| s.allocated)
+        .count();
+    assert_eq!(
+        system.kube.records().created.len(),
+        1,
+        "one Pod: the pushed job's"
+    );
+    if shared_registration {
+        assert_eq!(status(&from_fork[0]), success, "the fork's job ran");
+        assert_eq!(vms, 1, "one microVM: the fork's job");
+    } else {
+        assert_eq!(
+            status(&from_fork[0]),
+            Some(jr_fake_forge::Status::Done(jr_fake_forge::Outcome::Failure)),
+            "the fork's job is refused"
+        );
+        assert_eq!(vms, 0);
+    }
+    assert!(system.violations().is_empty(), "{:?}", system.violations());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fork_pull_request_asking_for_a_pod_runs_on_the_vm_backend() -> anyhow::Result<()> {
+    fork_pull_request_asking_for_a_pod(true).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fork_pull_request_taken_by_the_pod_runner_is_refused_not_run() -> anyhow::Result<()> {
+    fork_pull_request_asking_for_a_pod(false).await
+}

@@ -86,6 +86,7 @@ async fn forged_messages_change_nothing_and_secrets_never_reach_nats() -> anyhow
         vars: [("JR_FAKE_DURATION_MS".to_owned(), ms.to_owned())].into(),
         secrets: [("DEPLOY_KEY".to_owned(), SECRET.to_owned())].into(),
         steps: 2,
+        pull_request_from_fork: None,
     };
     let long = system.forge.enqueue_jobs(spec("long", "4000"), 2);
     let pod = BackendName::new("pod")?;

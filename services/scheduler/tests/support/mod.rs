@@ -476,6 +476,7 @@ pub fn sealed_assignment(
             forge_task_id: task_id,
             backend: pod.clone(),
             provider: None,
+            placement: None,
             labels: vec!["pod".into()],
             repository: "org/repo".into(),
             job_name: format!("job-{task_id}"),
