@@ -314,7 +314,8 @@ pub fn job_facts(workflow_payload: Option<&[u8]>) -> JobFacts {
 mod tests {
     use super::*;
 
-    fn config(extra: &str) -> Config {
+    /// A pod and a vm backend with routing rules; `extra` continues the `[backend.vm]` table.
+    pub(super) fn config(extra: &str) -> Config {
         let text = format!(
             r#"
 [nats]
@@ -536,35 +537,9 @@ mod trust_tests {
         );
     }
 
-    /// A pod and a vm backend (default trust levels unless `vm_extra` says otherwise) plus
-    /// `extra` at the end of the file.
+    /// The routing tests' configuration; `vm_extra` continues `[backend.vm]`, `extra` follows.
     fn router_with(vm_extra: &str, extra: &str) -> Router {
-        let text = format!(
-            r#"
-[nats]
-url = "nats://x:4222"
-[forge]
-url = "http://f"
-registration_token = "t"
-[facade]
-listen = "127.0.0.1:1"
-public_url = "http://x"
-insecure_plain_http = true
-[backend.pod]
-kind = "pod"
-capacity = 2
-kubernetes = {{ namespace = "j" }}
-[backend.vm]
-kind = "vm"
-capacity = 2
-opensandbox = {{ url = "http://o" }}
-{vm_extra}
-{extra}
-"#
-        );
-        Router::from_config(
-            &jr_config::load_str(&text, "t", std::iter::empty()).expect("valid config"),
-        )
+        Router::from_config(&super::tests::config(&format!("{vm_extra}\n{extra}")))
     }
 
     fn router(extra: &str) -> Router {
