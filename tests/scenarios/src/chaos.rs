@@ -9,7 +9,7 @@
 //! supervisor a Deployment would be: a service that exits on its own is started again.
 
 use std::fmt;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context as _;
 use rand::rngs::StdRng;
@@ -129,6 +129,8 @@ pub struct Chaos {
     done: Vec<&'static str>,
     /// Services actually killed, one entry per kill.
     killed: Vec<&'static str>,
+    /// When the scheduler was killed (wall clock, comparable with the fake forge's times).
+    scheduler_kills: Vec<SystemTime>,
     touched: Touched,
 }
 
@@ -223,6 +225,7 @@ impl Chaos {
             log: Vec::new(),
             done: Vec::new(),
             killed: Vec::new(),
+            scheduler_kills: Vec::new(),
             touched: Touched::default(),
         }
     }
@@ -261,6 +264,16 @@ impl Chaos {
     /// The Pods, sandboxes and tasks the faults hit (their jobs' results are the fault's).
     pub fn touched(&self) -> &Touched {
         &self.touched
+    }
+
+    /// When the scheduler was killed, in order.
+    pub fn scheduler_kills(&self) -> &[SystemTime] {
+        &self.scheduler_kills
+    }
+
+    /// Marks tasks as hit by a fault (see [`fetch_window_losses`]).
+    pub fn touch_tasks(&mut self, tasks: impl IntoIterator<Item = i64>) {
+        self.touched.tasks.extend(tasks);
     }
 
     fn note(&mut self, line: String) {
@@ -330,6 +343,9 @@ impl Chaos {
                 } else {
                     let p = system.service(service).context("unknown service")?;
                     p.kill9();
+                    if *service == "scheduler" {
+                        self.scheduler_kills.push(SystemTime::now());
+                    }
                     self.killed.push(service);
                     self.pending
                         .push((Instant::now() + *down, Revive::Service(service)));
@@ -614,9 +630,149 @@ pub async fn diagnose(system: &System) -> String {
     out
 }
 
+/// Tasks the forge's zombie reaper failed, split into the ones the documented Gitea window
+/// explains and the ones nothing excuses.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct ZombieReport {
+    /// Handed out by the last fetch of a scheduler killed before that task was durable.
+    pub fetch_window: Vec<i64>,
+    pub violations: Vec<String>,
+}
+
+/// Classifies every task the fake forge stopped as a zombie. On Gitea a task the forge handed
+/// out is lost when the scheduler dies after the forge picked it and before its assignment has
+/// a PubAck (the reply carries no key to ask for it again); the forge's zombie reaper then fails
+/// it. Because a registration's fetcher never fetches again before the PubAck of its current
+/// task, such a task is the last one handed out to its runner before a scheduler kill, and
+/// jetrunner never said a word about it (no keepalive, no log, no result) and no assignment for
+/// it reached the streams (`durable`: the forge task ids of every assignment). Any other zombie
+/// is a task jetrunner lost or forgot to keep alive.
+pub fn fetch_window_losses(
+    forge: &jr_fake_forge::Snapshot,
+    scheduler_kills: &[SystemTime],
+    durable: &std::collections::HashSet<i64>,
+) -> ZombieReport {
+    use jr_fake_forge::StopCause;
+    let mut report = ZombieReport::default();
+    for task in forge
+        .tasks
+        .iter()
+        .filter(|t| t.stop_cause == Some(StopCause::Zombie))
+    {
+        let silent = task.heartbeats == 0
+            && task.log.is_empty()
+            && task.final_reports.is_empty()
+            && !durable.contains(&task.id);
+        // The first kill at or after the hand-out; the task must be its runner's last hand-out
+        // before that kill.
+        let kill = scheduler_kills
+            .iter()
+            .copied()
+            .filter(|k| *k >= task.started_at)
+            .min();
+        let last_before_kill = kill.is_some_and(|kill| {
+            !forge.tasks.iter().any(|other| {
+                other.id != task.id
+                    && other.runner_uuid == task.runner_uuid
+                    && other.started_at > task.started_at
+                    && other.started_at <= kill
+            })
+        });
+        if silent && last_before_kill {
+            report.fetch_window.push(task.id);
+        } else {
+            report.violations.push(format!(
+                "task {} (job {:?}) failed as a zombie: {} keepalives, {} log lines, {} results, \
+                 assignment published: {}, {}",
+                task.id,
+                task.job_id,
+                task.heartbeats,
+                task.log.len(),
+                task.final_reports.len(),
+                durable.contains(&task.id),
+                match kill {
+                    None => "handed out after the last scheduler kill".to_owned(),
+                    Some(_) if !last_before_kill =>
+                        "its runner fetched again before the next scheduler kill".to_owned(),
+                    Some(_) => "the scheduler knew it".to_owned(),
+                }
+            ));
+        }
+    }
+    report
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn zombie(id: i64, runner: &str, at_secs: u64) -> jr_fake_forge::TaskView {
+        jr_fake_forge::TaskView {
+            id,
+            job_id: jr_fake_forge::JobId(id as u64),
+            attempt: 1,
+            runner_uuid: runner.into(),
+            runner_name: runner.into(),
+            status: jr_fake_forge::Status::Done(jr_fake_forge::Outcome::Failure),
+            stop_cause: Some(jr_fake_forge::StopCause::Zombie),
+            started_at: SystemTime::UNIX_EPOCH + Duration::from_secs(at_secs),
+            stopped_at: None,
+            handed_out: 1,
+            heartbeats: 0,
+            final_reports: Vec::new(),
+            final_accepted: 0,
+            log: Vec::new(),
+            log_archived: false,
+            outputs: Default::default(),
+            steps: Vec::new(),
+        }
+    }
+
+    fn at(secs: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(secs)
+    }
+
+    #[test]
+    fn only_a_silent_last_fetch_before_a_scheduler_kill_is_excused() {
+        let mut forge = jr_fake_forge::Snapshot::default();
+        // Task 1: the last hand-out to runner "pod" before the kill at 10 s, never heard of.
+        forge.tasks.push(zombie(1, "pod", 9));
+        // Task 2 on another runner, also its last before the kill.
+        forge.tasks.push(zombie(2, "vm", 5));
+        let none = std::collections::HashSet::new();
+        let report = fetch_window_losses(&forge, &[at(10)], &none);
+        assert_eq!(report.fetch_window, vec![1, 2]);
+        assert!(report.violations.is_empty());
+        // Its assignment reached the stream: jetrunner had it and lost it.
+        let report = fetch_window_losses(&forge, &[at(10)], &[1].into_iter().collect());
+        assert_eq!(report.fetch_window, vec![2]);
+        assert_eq!(report.violations.len(), 1, "{report:?}");
+
+        // The same runner fetched again before the kill: the first task was durable by then.
+        let mut later = jr_fake_forge::TaskView {
+            stop_cause: Some(jr_fake_forge::StopCause::Runner),
+            ..zombie(3, "pod", 9)
+        };
+        later.started_at = at(9) + Duration::from_millis(500);
+        forge.tasks.push(later);
+        let report = fetch_window_losses(&forge, &[at(10)], &none);
+        assert_eq!(report.fetch_window, vec![2]);
+        assert_eq!(report.violations.len(), 1, "{report:?}");
+
+        // Kept alive once: jetrunner knew the task, so its loss is not the window.
+        let mut forge = jr_fake_forge::Snapshot::default();
+        forge.tasks.push(jr_fake_forge::TaskView {
+            heartbeats: 1,
+            ..zombie(4, "pod", 9)
+        });
+        // Handed out after the last kill.
+        forge.tasks.push(zombie(5, "vm", 11));
+        let report = fetch_window_losses(&forge, &[at(10)], &none);
+        assert!(report.fetch_window.is_empty());
+        assert_eq!(report.violations.len(), 2, "{report:?}");
+        // Without any kill nothing is excused.
+        assert_eq!(fetch_window_losses(&forge, &[], &none).violations.len(), 2);
+    }
 
     #[test]
     fn every_schedule_disrupts_every_service_nats_and_postgres() {
