@@ -27,27 +27,58 @@ pub async fn run(p: Process) -> anyhow::Result<()> {
     })?;
     let defaults = table_to_json(&backend_cfg.runner)?;
     let mut providers = BTreeMap::new();
-    for provider in backend_cfg.providers.iter().filter(|p| !p.disabled) {
+    for provider in &backend_cfg.providers {
         providers.insert(provider.name.clone(), table_to_json(&provider.runner)?);
     }
     let template = PodTemplate::new(&defaults, &providers)
         .with_context(|| format!("backend.{}.runner", settings.backend))?;
-    let client_config = match &kube_cfg.api_url {
-        Some(url) => kube::Config::new(
-            url.parse()
-                .with_context(|| format!("backend.{}.kubernetes.api_url", settings.backend))?,
-        ),
-        None => kube::Config::infer()
-            .await
-            .context("no Kubernetes API: set kubernetes.api_url or run in a cluster")?,
+    let backend_name = settings.backend.clone();
+    let client_for = |api_url: Option<String>, key: String| async move {
+        let client_config = match &api_url {
+            Some(url) => kube::Config::new(url.parse().with_context(|| key.clone())?),
+            None => kube::Config::infer()
+                .await
+                .context("no Kubernetes API: set kubernetes.api_url or run in a cluster")?,
+        };
+        crate::backend::client_from_config(client_config).context("Kubernetes client")
     };
-    let client = crate::backend::client_from_config(client_config).context("Kubernetes client")?;
-    let backend = PodBackend::new(
-        client,
-        kube_cfg.namespace.clone(),
-        settings.backend.clone(),
-        template,
-    );
+    if backend_cfg.providers.is_empty() {
+        let client = client_for(
+            kube_cfg.api_url.clone(),
+            format!("backend.{backend_name}.kubernetes.api_url"),
+        )
+        .await?;
+        let backend = PodBackend::new(
+            client,
+            kube_cfg.namespace.clone(),
+            backend_name.clone(),
+            template,
+        );
+        return jr_worker::run_service(p, backend, settings)
+            .await
+            .map_err(Into::into);
+    }
+    let mut members = Vec::new();
+    for (i, provider) in backend_cfg.providers.iter().enumerate() {
+        let own = provider.kubernetes.clone().unwrap_or_default();
+        let api_url = own.api_url.or_else(|| kube_cfg.api_url.clone());
+        let namespace = own.namespace.unwrap_or_else(|| kube_cfg.namespace.clone());
+        let client = client_for(
+            api_url,
+            format!("backend.{backend_name}.providers[{i}].kubernetes.api_url"),
+        )
+        .await?;
+        let backend = PodBackend::new(client, namespace, backend_name.clone(), template.clone())
+            .for_provider(provider.name.clone());
+        members.push(jr_worker::Provider {
+            name: provider.name.clone(),
+            backend,
+            weight: provider.weight,
+            max_runners: provider.max_runners,
+            disabled: provider.disabled,
+        });
+    }
+    let backend = jr_worker::Providers::new(members, p.config.reconciler.unreachable_hold);
     jr_worker::run_service(p, backend, settings)
         .await
         .map_err(Into::into)

@@ -654,3 +654,61 @@ async fn delete_refuses_pods_and_secrets_that_are_not_this_backends() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_quota_refusal_is_full_and_leaves_no_secret_behind() {
+    let kube = FakeKube::start(SimConfig::passive())
+        .await
+        .expect("fake kube");
+    kube.set_pod_quota(NS, Some(1));
+    let backend = backend(&kube);
+    let a = backend.create(&spec(30, "t30")).await.expect("create a");
+    let err = backend
+        .create(&spec(31, "t31"))
+        .await
+        .expect_err("beyond the quota");
+    assert!(matches!(err, BackendError::Full { .. }), "{err:?}");
+    let b = spec(31, "t31").name();
+    assert!(kube.pod(NS, &b).is_none());
+    assert!(
+        kube.secret(NS, &b).is_none(),
+        "the token Secret of a refused Pod stays behind"
+    );
+    assert!(kube.secret(NS, &a).is_some());
+}
+
+#[tokio::test]
+async fn a_provider_lists_only_its_own_pods_in_a_shared_namespace() {
+    let kube = FakeKube::start(SimConfig::passive())
+        .await
+        .expect("fake kube");
+    let template = PodTemplate::new(
+        &json!({"image": "executor:test"}),
+        &BTreeMap::from([
+            ("east".to_owned(), json!({})),
+            ("west".to_owned(), json!({})),
+        ]),
+    )
+    .expect("template");
+    let make = |provider: &str| {
+        PodBackend::new(
+            client(&kube),
+            NS,
+            BackendName::new("pod").expect("backend name"),
+            template.clone(),
+        )
+        .for_provider(provider)
+    };
+    let (east, west) = (make("east"), make("west"));
+    let with_provider = |task, provider: &str| WorkloadSpec {
+        provider: Some(provider.into()),
+        ..spec(task, "t")
+    };
+    let e = east.create(&with_provider(40, "east")).await.expect("east");
+    let w = west.create(&with_provider(41, "west")).await.expect("west");
+    let names = |listed: Vec<ObservedWorkload>| -> Vec<String> {
+        listed.into_iter().map(|o| o.workload).collect()
+    };
+    assert_eq!(names(east.list().await.expect("list east")), vec![e]);
+    assert_eq!(names(west.list().await.expect("list west")), vec![w]);
+}

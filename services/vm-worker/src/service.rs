@@ -19,17 +19,54 @@ pub async fn run(p: Process) -> anyhow::Result<()> {
             settings.backend
         )
     })?;
+    let backend_name = settings.backend.clone();
+    let make = |url: String,
+                api_key: Option<String>,
+                pool: String,
+                provider: Option<String>|
+     -> anyhow::Result<VmBackend> {
+        let mut client_cfg = ClientConfig::new(url, api_key);
+        client_cfg.create_timeout = os.create_timeout;
+        let client = SandboxClient::new(client_cfg).context("OpenSandbox client")?;
+        let mut vm = VmBackendConfig::new(backend_name.clone(), settings.worker_id.clone());
+        vm.pool = pool;
+        vm.provider = provider;
+        vm.entrypoint = (!os.entrypoint.is_empty()).then(|| os.entrypoint.clone());
+        vm.poll.steady = os.poll_interval.max(Duration::from_millis(200));
+        // Sandboxes that are changing (starting, stopping) are polled at least as often.
+        vm.poll.active = vm.poll.active.min(vm.poll.steady);
+        Ok(VmBackend::new(client, vm))
+    };
     let api_key = jr_config::read_secret("opensandbox.api_key", &os.api_key, &os.api_key_file)?;
-    let mut client_cfg = ClientConfig::new(os.url.clone(), api_key);
-    client_cfg.create_timeout = os.create_timeout;
-    let client = SandboxClient::new(client_cfg).context("OpenSandbox client")?;
-    let mut vm = VmBackendConfig::new(settings.backend.clone(), settings.worker_id.clone());
-    vm.pool = os.pool.clone();
-    vm.entrypoint = (!os.entrypoint.is_empty()).then(|| os.entrypoint.clone());
-    vm.poll.steady = os.poll_interval.max(Duration::from_millis(200));
-    // Sandboxes that are changing (starting, stopping) are polled at least as often.
-    vm.poll.active = vm.poll.active.min(vm.poll.steady);
-    let backend = VmBackend::new(client, vm);
+    if backend_cfg.providers.is_empty() {
+        let backend = make(os.url.clone(), api_key, os.pool.clone(), None)?;
+        return jr_worker::run_service(p, backend, settings)
+            .await
+            .map_err(Into::into);
+    }
+    let mut members = Vec::new();
+    for provider in &backend_cfg.providers {
+        let own = provider.opensandbox.clone().unwrap_or_default();
+        let key = if own.api_key.is_some() || own.api_key_file.is_some() {
+            jr_config::read_secret("opensandbox.api_key", &own.api_key, &own.api_key_file)?
+        } else {
+            api_key.clone()
+        };
+        let backend = make(
+            own.url.unwrap_or_else(|| os.url.clone()),
+            key,
+            own.pool.unwrap_or_else(|| os.pool.clone()),
+            Some(provider.name.clone()),
+        )?;
+        members.push(jr_worker::Provider {
+            name: provider.name.clone(),
+            backend,
+            weight: provider.weight,
+            max_runners: provider.max_runners,
+            disabled: provider.disabled,
+        });
+    }
+    let backend = jr_worker::Providers::new(members, p.config.reconciler.unreachable_hold);
     jr_worker::run_service(p, backend, settings)
         .await
         .map_err(Into::into)

@@ -371,6 +371,45 @@ pub struct ProviderConfig {
     /// Per-provider overrides layered over the backend's runner block.
     #[serde(default)]
     pub runner: Option<toml::Table>,
+    /// Pod backends: where this provider's Pods run (unset keys: the backend's).
+    #[serde(default)]
+    pub kubernetes: Option<ProviderKubernetes>,
+    /// VM backends: where this provider's sandboxes run (unset keys: the backend's).
+    #[serde(default)]
+    pub opensandbox: Option<ProviderOpenSandbox>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderKubernetes {
+    #[serde(default)]
+    pub namespace: Option<String>,
+    #[serde(default)]
+    pub api_url: Option<String>,
+}
+
+#[derive(Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderOpenSandbox {
+    #[serde(default)]
+    pub url: Option<String>,
+    #[serde(default)]
+    pub pool: Option<String>,
+    #[serde(default)]
+    pub api_key: Option<String>,
+    #[serde(default)]
+    pub api_key_file: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for ProviderOpenSandbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProviderOpenSandbox")
+            .field("url", &self.url)
+            .field("pool", &self.pool)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .field("api_key_file", &self.api_key_file)
+            .finish()
+    }
 }
 
 #[derive(Clone, Debug, Deserialize)]

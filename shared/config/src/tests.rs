@@ -299,3 +299,50 @@ fn a_nats_password_file_is_read_and_must_be_private() {
     );
     assert!(config.check_secret_files().is_err());
 }
+
+#[test]
+fn bad_providers_are_refused_with_the_key_named() {
+    let cases = [
+        (
+            "[[backend.pod.providers]]\nname = \"a\"\nweight = 0\n",
+            "backend.pod.providers[0].weight",
+        ),
+        (
+            "[[backend.pod.providers]]\nname = \"a\"\n[[backend.pod.providers]]\nname = \"b\"\nmax_runners = 21\n",
+            "backend.pod.providers[1].max_runners",
+        ),
+        (
+            "[[backend.pod.providers]]\nname = \"a\"\nmax_runners = 0\n",
+            "backend.pod.providers[0].max_runners",
+        ),
+        (
+            "[[backend.pod.providers]]\nname = \"East_1\"\n",
+            "backend.pod.providers[0].name",
+        ),
+        (
+            "[[backend.vm.providers]]\nname = \"a\"\nkubernetes = { namespace = \"x\" }\n",
+            "backend.vm.providers[0].kubernetes",
+        ),
+        (
+            "[[backend.pod.providers]]\nname = \"a\"\nopensandbox = { pool = \"x\" }\n",
+            "backend.pod.providers[0].opensandbox",
+        ),
+        (
+            "[[backend.pod.providers]]\nname = \"a\"\nwieght = 2\n",
+            "wieght",
+        ),
+    ];
+    for (providers, key) in cases {
+        let err = load_env(&format!("{MINIMAL}\n{providers}"), &[]).expect_err(providers);
+        assert!(err.to_string().contains(key), "{providers}: {err}");
+    }
+    let ok = "[[backend.pod.providers]]\nname = \"east\"\nweight = 3\nmax_runners = 20\nkubernetes = { namespace = \"jobs-east\" }\n[[backend.vm.providers]]\nname = \"big\"\nopensandbox = { pool = \"big\" }\n";
+    let c = load_env(&format!("{MINIMAL}\n{ok}"), &[]).expect("valid providers");
+    let east = &c.backend["pod"].providers[0];
+    assert_eq!(
+        east.kubernetes
+            .as_ref()
+            .and_then(|k| k.namespace.as_deref()),
+        Some("jobs-east")
+    );
+}

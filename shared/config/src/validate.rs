@@ -210,10 +210,47 @@ impl Config {
                         format!("duplicate provider {:?}", p.name),
                     ));
                 }
+                let pkey = |k: &str| format!("backend.{name}.providers[{i}].{k}");
+                if !is_dns_label(&p.name) {
+                    return Err(ConfigError::key(
+                        pkey("name"),
+                        format!(
+                            "{:?} is not a DNS label (lower-case letters, digits and '-', at most 63)",
+                            p.name
+                        ),
+                    ));
+                }
+                if p.weight == 0 {
+                    return Err(ConfigError::key(pkey("weight"), "must be at least 1"));
+                }
                 if p.max_runners.is_some_and(|m| m > b.capacity) {
                     return Err(ConfigError::key(
-                        format!("backend.{name}.providers[{i}].max_runners"),
+                        pkey("max_runners"),
                         "exceeds the backend's capacity",
+                    ));
+                }
+                if p.max_runners == Some(0) {
+                    return Err(ConfigError::key(
+                        pkey("max_runners"),
+                        "must be at least 1 (use disabled = true to drain a provider)",
+                    ));
+                }
+                if p.kubernetes.is_some() && b.kind != BackendKind::Pod {
+                    return Err(ConfigError::key(
+                        pkey("kubernetes"),
+                        "only for kind = \"pod\"",
+                    ));
+                }
+                if p.opensandbox.is_some() && b.kind != BackendKind::Vm {
+                    return Err(ConfigError::key(
+                        pkey("opensandbox"),
+                        "only for kind = \"vm\"",
+                    ));
+                }
+                if p.runner.is_some() && b.kind != BackendKind::Pod {
+                    return Err(ConfigError::key(
+                        pkey("runner"),
+                        "only for kind = \"pod\" (a vm provider chooses its pool with opensandbox.pool)",
                     ));
                 }
             }
@@ -284,4 +321,16 @@ fn validate_nats_auth(section: &str, auth: &crate::NatsAuthConfig) -> Result<(),
         (None, true) => Err(ConfigError::key(key("user"), "a password needs its user")),
         _ => Ok(()),
     }
+}
+
+/// Lower-case letters, digits and '-', starting and ending with a letter or digit, 1–63 long.
+fn is_dns_label(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= 63
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+        && bytes.first() != Some(&b'-')
+        && bytes.last() != Some(&b'-')
 }

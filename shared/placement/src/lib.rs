@@ -23,7 +23,9 @@ pub mod quota;
 pub mod tier;
 pub mod trust;
 
-pub use provider::{DEFAULT_UNREACHABLE_HOLD, ProviderView, Unreachable, WeightedPicker};
+pub use provider::{
+    DEFAULT_UNREACHABLE_HOLD, ProviderView, Unreachable, WeightedPicker, unreachable_verdict,
+};
 pub use quota::{Admission, Quotas, Usage, WaitReason, WaitingJob, admit, next_fair};
 pub use tier::{
     BurstProblem, BurstSetting, BurstWarning, DefaultReason, JobKey, ProtectedMatcher, TierChoice,

@@ -86,6 +86,20 @@ impl Builder {
         )
     }
 
+    /// `workload-created` of an arbitrary workload reference (a provider's `<provider>/<name>`).
+    pub fn created_ref(&self, attempt: u32, workload: &str, at: u64) -> Envelope {
+        self.envelope(
+            attempt,
+            at,
+            Message::WorkloadCreated(WorkloadCreated {
+                backend: self.backend.clone(),
+                workload: workload.to_owned(),
+                token_hash: TokenHash::from_published(format!("hash-{attempt}")),
+                worker_id: "worker-1".into(),
+            }),
+        )
+    }
+
     pub fn observed(
         &self,
         attempt: u32,

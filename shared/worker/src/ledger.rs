@@ -28,7 +28,7 @@ pub(crate) fn ledger_key(key: AttemptKey, workload: &str) -> Option<String> {
         && workload.len() <= 253
         && workload
             .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_'));
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'/'));
     valid.then(|| format!("{}.{}.{workload}", key.assignment, key.attempt))
 }
 
@@ -108,6 +108,12 @@ mod tests {
         let key = AttemptKey::new(AssignmentId::for_task("https://f", 1), 2);
         let text = ledger_key(key, "jr-abc-2").expect("valid");
         assert_eq!(parse_ledger_key(&text), Some((key, "jr-abc-2".to_owned())));
+        // A provider's workload reference (`<provider>/<name>`).
+        let text = ledger_key(key, "east/jr-abc-2").expect("valid");
+        assert_eq!(
+            parse_ledger_key(&text),
+            Some((key, "east/jr-abc-2".to_owned()))
+        );
         for bad in ["", "a.b", "a>", "a*", "a b"] {
             assert_eq!(ledger_key(key, bad), None, "{bad:?}");
         }

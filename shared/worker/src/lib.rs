@@ -9,6 +9,7 @@ mod facts;
 mod gate;
 mod ledger;
 pub mod metrics;
+pub mod providers;
 mod run;
 mod service;
 pub mod state;
@@ -18,5 +19,6 @@ pub use backend::{Backend, BackendError, ObservedWorkload, WorkloadSpec, workloa
 pub use driver::{Worker, WorkerSettings};
 pub use error::WorkerError;
 pub use metrics::WorkerMetrics;
+pub use providers::{Provider, ProviderStats, Providers};
 pub use service::{run_service, settings_from_config};
 pub use token::{TokenKey, token_hash};

@@ -248,6 +248,18 @@ impl FakeKube {
         format!("http://{}", self.addr)
     }
 
+    /// A ResourceQuota on `pods` in `namespace` (`None` removes it): a create beyond it is
+    /// refused with 403 `exceeded quota`, as the API server does.
+    pub fn set_pod_quota(&self, namespace: &str, limit: Option<usize>) {
+        self.shared
+            .with_store(|s| s.set_pod_quota(namespace, limit));
+    }
+
+    /// Pod creates a quota refused so far.
+    pub fn quota_refusals(&self) -> u64 {
+        self.shared.with_store(|s| s.quota_refusals)
+    }
+
     pub fn records(&self) -> Records {
         self.shared.with_store(|s| s.records())
     }

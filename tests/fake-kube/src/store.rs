@@ -227,6 +227,10 @@ pub struct Store {
     /// Keep at most this many events for watch replay (0: keep all). Like etcd compaction, a
     /// watch from an older resourceVersion is answered `410 Gone` and must relist.
     history_limit: usize,
+    /// A ResourceQuota on `pods` per namespace: Pods not yet Succeeded or Failed count.
+    pod_quotas: BTreeMap<String, usize>,
+    /// Creates refused by a quota.
+    pub quota_refusals: u64,
     /// The newest resourceVersion whose event was compacted away.
     compacted: u64,
 }
@@ -283,6 +287,14 @@ pub fn merge_patch(target: &mut Value, patch: &Value) {
 }
 
 impl Store {
+    /// Sets (or with `None` removes) the `pods` quota of a namespace.
+    pub fn set_pod_quota(&mut self, namespace: &str, limit: Option<usize>) {
+        match limit {
+            Some(limit) => self.pod_quotas.insert(namespace.to_owned(), limit),
+            None => self.pod_quotas.remove(namespace),
+        };
+    }
+
     pub fn resource_version(&self) -> u64 {
         self.resource_version
     }
@@ -475,6 +487,32 @@ impl Store {
         let key = (resource, namespace.to_owned(), name.clone());
         if self.objects.contains_key(&key) {
             return Err(ApiError::already_exists(resource, &name));
+        }
+        if resource == Resource::Pods
+            && let Some(&limit) = self.pod_quotas.get(namespace)
+        {
+            let used = self
+                .objects
+                .iter()
+                .filter(|((r, ns, _), pod)| {
+                    *r == Resource::Pods
+                        && ns == namespace
+                        && !matches!(
+                            pod.pointer("/status/phase").and_then(Value::as_str),
+                            Some("Succeeded" | "Failed")
+                        )
+                })
+                .count();
+            if used >= limit {
+                self.quota_refusals += 1;
+                return Err(ApiError::new(
+                    403,
+                    "Forbidden",
+                    format!(
+                        "pods \"{name}\" is forbidden: exceeded quota: jetrunner-quota, requested: pods=1, used: pods={used}, limited: pods={limit}"
+                    ),
+                ));
+            }
         }
         let rv = self.bump();
         object["apiVersion"] = json!("v1");

@@ -280,3 +280,55 @@ async fn records_count_jetrunner_secrets_and_remember_faulted_pods() {
         ]
     );
 }
+
+#[tokio::test]
+async fn a_pod_quota_refuses_creates_beyond_it_until_a_pod_finishes() {
+    let kube = FakeKube::start(SimConfig::passive())
+        .await
+        .expect("fake kube");
+    kube.set_pod_quota("ns", Some(2));
+    let http = http();
+    let pods = format!("{}/api/v1/namespaces/ns/pods", kube.url());
+    for name in ["q1", "q2"] {
+        let created = http
+            .post(&pods)
+            .json(&pod(name))
+            .send()
+            .await
+            .expect("create");
+        assert_eq!(created.status(), 201);
+    }
+    let refused = http
+        .post(&pods)
+        .json(&pod("q3"))
+        .send()
+        .await
+        .expect("create");
+    assert_eq!(refused.status(), 403);
+    let status: Value = refused.json().await.expect("status body");
+    assert!(
+        status["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("exceeded quota")),
+        "{status}"
+    );
+    // Other namespaces are not limited; a finished Pod no longer counts.
+    kube.create_pod("other", pod("q4"))
+        .expect("other namespace");
+    kube.mark_exited(
+        "ns",
+        "q1",
+        &jr_fake_kube::ExitStatus {
+            exit_code: 0,
+            reason: None,
+        },
+    )
+    .expect("q1 exits");
+    let created = http
+        .post(&pods)
+        .json(&pod("q3"))
+        .send()
+        .await
+        .expect("create");
+    assert_eq!(created.status(), 201);
+}

@@ -48,6 +48,14 @@ pub struct SystemSpec {
     pub task_capacity: usize,
     /// `forge.keepalive_interval`.
     pub keepalive: Duration,
+    /// `[pod_worker]`/`[vm_worker]` `resync_interval` (default: the services' own).
+    pub resync_interval: Option<Duration>,
+    /// `[pod_worker]`/`[vm_worker]` `stray_grace` (default: the services' own, 60 s).
+    pub stray_grace: Option<Duration>,
+    /// `reconciler.unreachable_hold` (default: the service's own, 5 min).
+    pub unreachable_hold: Option<Duration>,
+    /// TOML appended to the generated configuration (e.g. `[[backend.pod.providers]]` tables).
+    pub extra_toml: String,
     /// `backend.<name>.lookahead` of both backends.
     pub lookahead: usize,
     /// Extra environment of the scheduler process (fault hooks).
@@ -86,6 +94,10 @@ impl Default for SystemSpec {
             forge_flavor: "gitea",
             task_capacity: 1,
             keepalive: Duration::from_secs(180),
+            extra_toml: String::new(),
+            resync_interval: None,
+            stray_grace: None,
+            unreachable_hold: None,
             lookahead: 2,
             scheduler_env: Vec::new(),
             log_filter: "info".into(),
@@ -293,7 +305,7 @@ impl System {
             &sandbox.base_url(),
             &dir.path().join("runner.json").display().to_string(),
         );
-        let text = text + &service_users_toml(&nats_users, &backends);
+        let text = text + &spec.extra_toml + &service_users_toml(&nats_users, &backends);
         std::fs::write(&config_path, text)?;
         let args = vec!["--config".to_owned(), config_path.display().to_string()];
         let svc = |name: &str, port| -> anyhow::Result<ServiceProcess> {
@@ -547,6 +559,12 @@ impl System {
     }
 
     /// Waits until no workload of ours exists in either backend.
+    /// The configuration file the services run with: rewrite it and restart a service to
+    /// change its configuration.
+    pub fn config_path(&self) -> std::path::PathBuf {
+        self.dir.path().join("jetrunner.toml")
+    }
+
     pub async fn wait_no_workloads(&self, timeout: Duration) -> anyhow::Result<()> {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
@@ -780,11 +798,11 @@ seal_keys = {{ k1 = "c2NlbmFyaW8tc2VhbC1rZXktc2NlbmFyaW8tc2VhbCE=" }}
 
 [pod_worker]
 ops_listen = "127.0.0.1:{pod_ops}"
-token_key = "c2NlbmFyaW8tdG9rZW4ta2V5LXNjZW5hcmlvLXRva2Vu"
+token_key = "c2NlbmFyaW8tdG9rZW4ta2V5LXNjZW5hcmlvLXRva2Vu"{resync}
 
 [vm_worker]
 ops_listen = "127.0.0.1:{vm_ops}"
-token_key = "c2NlbmFyaW8tdG9rZW4ta2V5LXNjZW5hcmlvLXRva2Vu"
+token_key = "c2NlbmFyaW8tdG9rZW4ta2V5LXNjZW5hcmlvLXRva2Vu"{resync}
 
 [reconciler]
 ops_listen = "127.0.0.1:{reconciler_ops}"
@@ -793,7 +811,7 @@ claim_timeout = "{claim}"
 terminal_grace = "{grace}"
 lost_timeout = "{lost}"
 max_attempts = {max_attempts}
-plan_interval = "500ms"
+plan_interval = "500ms"{hold}
 
 [telemetry]
 log_format = "json"
@@ -820,6 +838,19 @@ log_format = "json"
         grace = secs(spec.terminal_grace),
         lost = secs(spec.lost_timeout),
         max_attempts = spec.max_attempts,
+        resync = spec
+            .resync_interval
+            .map(|d| format!("\nresync_interval = \"{}\"", secs(d)))
+            .into_iter()
+            .chain(
+                spec.stray_grace
+                    .map(|d| format!("\nstray_grace = \"{}\"", secs(d))),
+            )
+            .collect::<String>(),
+        hold = spec
+            .unreachable_hold
+            .map(|d| format!("\nunreachable_hold = \"{}\"", secs(d)))
+            .unwrap_or_default(),
         create_timeout = spec
             .vm_create_timeout
             .map(|d| format!(", create_timeout = \"{}\"", secs(d)))

@@ -17,8 +17,8 @@ use serde_json::json;
 use tokio::sync::mpsc;
 
 use crate::template::{
-    ExecutorObjects, LABEL_ASSIGNMENT, LABEL_ATTEMPT, LABEL_BACKEND, LABEL_MANAGED_BY, MANAGED_BY,
-    PodTemplate, build_objects, owner_reference, selector,
+    ExecutorObjects, LABEL_ASSIGNMENT, LABEL_ATTEMPT, LABEL_BACKEND, LABEL_MANAGED_BY,
+    LABEL_PROVIDER, MANAGED_BY, PodTemplate, build_objects, owner_reference, selector,
 };
 
 pub use status::{Tracker, observe_pod, pod_phase, pod_reason};
@@ -49,6 +49,8 @@ pub struct PodBackend {
     namespace: String,
     backend: BackendName,
     template: PodTemplate,
+    /// Set when this is one provider of the backend: only its Pods are listed and watched.
+    provider: Option<String>,
     tracker: Arc<Mutex<Tracker>>,
 }
 
@@ -77,13 +79,25 @@ impl PodBackend {
             namespace,
             backend,
             template,
+            provider: None,
             tracker: Arc::default(),
         }
     }
 
-    /// `app.kubernetes.io/managed-by=jetrunner,jetrunner.dev/backend=<name>`.
+    /// This backend as one provider: it lists and watches only the Pods labelled with the
+    /// provider's name (providers may share a namespace).
+    pub fn for_provider(mut self, provider: impl Into<String>) -> Self {
+        self.provider = Some(provider.into());
+        self
+    }
+
+    /// `app.kubernetes.io/managed-by=jetrunner,jetrunner.dev/backend=<name>` (and
+    /// `jetrunner.dev/provider=<provider>` for a provider).
     pub fn selector(&self) -> String {
-        selector(&self.backend)
+        match &self.provider {
+            Some(provider) => format!("{},{LABEL_PROVIDER}={provider}", selector(&self.backend)),
+            None => selector(&self.backend),
+        }
     }
 
     pub fn namespace(&self) -> &str {
@@ -95,6 +109,10 @@ impl PodBackend {
         labels.is_some_and(|l| {
             l.get(LABEL_MANAGED_BY).map(String::as_str) == Some(MANAGED_BY)
                 && l.get(LABEL_BACKEND).map(String::as_str) == Some(self.backend.as_str())
+                && self
+                    .provider
+                    .as_ref()
+                    .is_none_or(|p| l.get(LABEL_PROVIDER) == Some(p))
         })
     }
 
@@ -309,8 +327,12 @@ impl Backend for PodBackend {
             }
             Err(e) => {
                 let error = self.error("create pod", e);
-                if matches!(error, BackendError::Permanent { .. }) {
-                    // Nothing will retry this Pod, so its Secret would leak.
+                if matches!(
+                    error,
+                    BackendError::Permanent { .. } | BackendError::Full { .. }
+                ) {
+                    // Nothing will retry this Pod here (a full namespace may see the attempt
+                    // placed in another provider), so its Secret would leak.
                     self.delete_secret_quietly(&name).await;
                 }
                 return Err(error);

@@ -64,7 +64,20 @@ impl Clock {
 /// Since when each backend has been unreachable (only unreachable backends are present).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct BackendHealth {
-    unreachable_since: BTreeMap<BackendName, u64>,
+    unreachable_since: BTreeMap<Domain, u64>,
+}
+
+/// Where reachability is judged: a backend, or one provider of it. A provider's workload
+/// reference is `<provider>/<name>`; an unreachable provider says nothing about the others.
+pub(crate) type Domain = (BackendName, Option<String>);
+
+/// The reachability domain of a workload.
+pub(crate) fn domain(workload: &WorkloadRecord) -> Domain {
+    let provider = workload
+        .workload
+        .split_once('/')
+        .map(|(provider, _)| provider.to_owned());
+    (workload.backend.clone(), provider)
 }
 
 impl BackendHealth {
@@ -79,13 +92,13 @@ impl BackendHealth {
             last_heard: u64,
             live: bool,
         }
-        let mut seen: BTreeMap<&BackendName, Seen> = BTreeMap::new();
+        let mut seen: BTreeMap<Domain, Seen> = BTreeMap::new();
         for workload in snapshot
             .assignments
             .iter()
             .flat_map(|r| r.workloads.values())
         {
-            let entry = seen.entry(&workload.backend).or_default();
+            let entry = seen.entry(domain(workload)).or_default();
             entry.live |= !workload.is_released();
             entry.last_heard = entry
                 .last_heard
@@ -114,19 +127,20 @@ impl BackendHealth {
                 .map(|d| s.last_heard.saturating_add(millis(d)))
                 .filter(|silent_from| s.live && now >= *silent_from);
             if let Some(since) = reported.into_iter().chain(silent).min() {
-                unreachable_since.insert(backend.clone(), since);
+                unreachable_since.insert(backend, since);
             }
         }
         Self { unreachable_since }
     }
 
-    pub fn unreachable_since(&self, backend: &BackendName) -> Option<u64> {
-        self.unreachable_since.get(backend).copied()
+    /// Since when the backend (or provider) of `workload` is unreachable, if it is.
+    pub fn unreachable_since(&self, workload: &WorkloadRecord) -> Option<u64> {
+        self.unreachable_since.get(&domain(workload)).copied()
     }
 
-    /// Backends whose value differs between `self` and `other`.
-    pub fn changed<'a>(&'a self, other: &'a BackendHealth) -> Vec<&'a BackendName> {
-        let mut out: Vec<&BackendName> = self
+    /// Domains whose value differs between `self` and `other`.
+    pub fn changed<'a>(&'a self, other: &'a BackendHealth) -> Vec<&'a Domain> {
+        let mut out: Vec<&Domain> = self
             .unreachable_since
             .keys()
             .chain(other.unreachable_since.keys())
@@ -184,7 +198,7 @@ struct Heard {
 /// what `BackendHealth::from_snapshot` says about those records.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct BackendObservations {
-    backends: BTreeMap<BackendName, Heard>,
+    backends: BTreeMap<Domain, Heard>,
 }
 
 impl BackendObservations {
@@ -198,7 +212,8 @@ impl BackendObservations {
 
     fn change(&mut self, record: &AssignmentRecord, add: bool) {
         for workload in record.workloads.values() {
-            let entry = self.backends.entry(workload.backend.clone()).or_default();
+            let key = domain(workload);
+            let entry = self.backends.entry(key.clone()).or_default();
             let live = usize::from(!workload.is_released());
             if add {
                 entry.workloads += 1;
@@ -219,7 +234,7 @@ impl BackendObservations {
             }
             entry.heard.change(heard, add);
             if entry.workloads == 0 {
-                self.backends.remove(&workload.backend);
+                self.backends.remove(&key);
             }
         }
     }
@@ -315,7 +330,7 @@ pub(crate) fn workload_condition(
     let own = observation
         .filter(|o| o.is_unreachable())
         .map(|o| o.unreachable_since.unwrap_or(o.at));
-    let backend = health.unreachable_since(&workload.backend);
+    let backend = health.unreachable_since(workload);
     if let Some(since) = own.into_iter().chain(backend).min() {
         return if clock.reached(since.saturating_add(millis(cfg.unreachable_hold))) {
             broken(Reason::BackendUnreachable.to_string())

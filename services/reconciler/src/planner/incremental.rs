@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use jr_protocol::{AssignmentId, BackendName, Envelope};
 use jr_store::{AssignmentRecord, AssignmentState};
 
-use super::condition::{BackendHealth, BackendObservations, millis};
+use super::condition::{BackendHealth, BackendObservations, Domain, domain, millis};
 use super::{PlannedCommand, PlannerConfig, plan_record};
 
 /// One command of a record's last plan.
@@ -128,14 +128,14 @@ impl IncrementalPlanner {
     pub fn plan(&mut self, now: u64) -> Vec<PlannedCommand> {
         let health = self.observations.health(now, &self.cfg);
         if health != self.health {
-            let changed: BTreeSet<BackendName> =
+            let changed: BTreeSet<Domain> =
                 health.changed(&self.health).into_iter().cloned().collect();
             for (id, entry) in &self.entries {
                 if entry
                     .record
                     .workloads
-                    .keys()
-                    .any(|(backend, _)| changed.contains(backend))
+                    .values()
+                    .any(|w| changed.contains(&domain(w)))
                 {
                     self.dirty.insert(*id);
                 }

@@ -240,6 +240,44 @@ fn unreachable_backend_holds_claimed_work_then_fails_it() {
 }
 
 #[test]
+fn an_unreachable_provider_holds_only_its_own_workloads() {
+    let reporting = Builder::new(1, "pod");
+    let other_provider = Builder::new(2, "pod");
+    let same_provider = Builder::new(3, "pod");
+    let in_b = |b: &Builder| format!("b/{}", b.workload(1));
+    let events = [
+        other_provider.assignment(1, SEC),
+        other_provider.created_ref(1, &format!("a/{}", other_provider.workload(1)), 2 * SEC),
+        same_provider.assignment(1, SEC),
+        same_provider.created_ref(1, &in_b(&same_provider), 2 * SEC),
+        reporting.assignment(1, SEC),
+        reporting.created_ref(1, &in_b(&reporting), 2 * SEC),
+        reporting.claimed(1, 3 * SEC),
+        reporting.observed_ref(
+            1,
+            &in_b(&reporting),
+            10 * SEC,
+            WorkloadPhase::Unknown,
+            Some(REASON_BACKEND_UNREACHABLE),
+        ),
+    ];
+    // At 200 s both unclaimed assignments are past their claim timeout: the one in provider
+    // "b" is held with the rest of "b", the one in provider "a" is not.
+    let commands = plan_at(&events, 200 * SEC);
+    assert_eq!(
+        ids(&commands),
+        sorted(vec![
+            format!(
+                "delete:{}:1:a/{}",
+                other_provider.id,
+                other_provider.workload(1)
+            ),
+            redispatch_id(&other_provider, 2)
+        ])
+    );
+}
+
+#[test]
 fn one_unreachable_report_holds_every_workload_of_that_backend() {
     let reporting = Builder::new(1, "pod");
     let quiet = Builder::new(2, "pod");

@@ -111,6 +111,9 @@ pub struct VmBackendConfig {
     pub pool: String,
     /// Provider name → pool.
     pub provider_pools: BTreeMap<String, String>,
+    /// Set when this is one provider of the backend: only sandboxes with its name in their
+    /// metadata are listed and observed.
+    pub provider: Option<String>,
     /// Command for the pool task; `None` lets the Pool's image decide.
     pub entrypoint: Option<Vec<String>>,
     /// Added to the job's `max_duration` for the sandbox TTL (a safety net against leaks; the
@@ -126,6 +129,7 @@ impl VmBackendConfig {
             worker_id: worker_id.into(),
             pool: DEFAULT_POOL.to_owned(),
             provider_pools: BTreeMap::new(),
+            provider: None,
             entrypoint: None,
             expiry_grace: Duration::from_secs(600),
             poll: PollConfig::default(),
@@ -301,7 +305,7 @@ fn backend_error(op: &'static str, error: SandboxError) -> BackendError {
 impl VmBackend {
     pub fn new(client: SandboxClient, config: VmBackendConfig) -> Self {
         let owner_filter = |keys: Keys| {
-            BTreeMap::from([
+            let mut filter = BTreeMap::from([
                 (
                     keys.backend.to_owned(),
                     sanitize_label_value(config.backend.as_str()),
@@ -310,7 +314,11 @@ impl VmBackend {
                     keys.worker.to_owned(),
                     sanitize_label_value(&config.worker_id),
                 ),
-            ])
+            ]);
+            if let Some(provider) = &config.provider {
+                filter.insert(keys.provider.to_owned(), sanitize_label_value(provider));
+            }
+            filter
         };
         let (current, legacy) = (owner_filter(KEYS), owner_filter(LEGACY_KEYS));
         Self {
