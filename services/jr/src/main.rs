@@ -4,6 +4,8 @@
 //!   `nats stream get … --raw` or `--translate 'jr decode'`) and prints it as JSON; sealed task
 //!   bytes are summarised, never printed.
 //! - `jr health URL` exits 0 when the URL answers 2xx (container healthchecks).
+//! - `jr burst show` / `jr burst set VALUE` read and set the burst tier's run-time switch (KV
+//!   bucket `JR_PLACEMENT`, key `burst`); `VALUE` is `off`, `on`, `on:<0-100>` or `<0-100>%`.
 
 use std::io::Read;
 use std::process::ExitCode;
@@ -31,6 +33,128 @@ enum Command {
         #[arg(long, default_value = "3")]
         timeout_secs: u64,
     },
+    /// Read or set the burst tier's run-time switch.
+    Burst {
+        #[command(flatten)]
+        nats: NatsArgs,
+        #[command(subcommand)]
+        action: BurstAction,
+    },
+}
+
+#[derive(clap::Args)]
+struct NatsArgs {
+    /// NATS server URL.
+    #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222")]
+    server: String,
+    /// NATS user allowed to write the KV bucket JR_PLACEMENT (e.g. `admin`).
+    #[arg(long, env = "NATS_USER")]
+    user: Option<String>,
+    #[arg(long, env = "NATS_PASSWORD")]
+    password: Option<String>,
+}
+
+#[derive(Subcommand)]
+enum BurstAction {
+    /// Print the switch and what the workers make of it.
+    Show {
+        /// One JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Set the switch: off, on, on:<0-100> or <0-100>% (anything else is refused here; a
+    /// value written another way that workers cannot read counts as off).
+    Set { value: String },
+}
+
+async fn burst(nats: NatsArgs, action: BurstAction) -> anyhow::Result<()> {
+    use jr_bus::async_nats::{self, jetstream::kv};
+    let bucket = jr_bus::permissions::PLACEMENT_BUCKET;
+    let mut options = async_nats::ConnectOptions::new()
+        .connection_timeout(Duration::from_secs(5))
+        .max_reconnects(Some(1));
+    if let (Some(user), Some(password)) = (nats.user, nats.password) {
+        options = options.user_and_password(user, password);
+    }
+    let client = options
+        .connect(nats.server.as_str())
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot connect to NATS at {}: {e}", nats.server))?;
+    let js = async_nats::jetstream::new(client);
+    match action {
+        BurstAction::Show { json } => {
+            let raw = match js.get_key_value(bucket).await {
+                Ok(store) => store
+                    .get("burst")
+                    .await
+                    .map_err(|e| anyhow::anyhow!("reading {bucket}/burst: {e}"))?
+                    .map(|b| String::from_utf8_lossy(&b).into_owned()),
+                Err(_) => None,
+            };
+            let (setting, warning) = match &raw {
+                Some(text) => jr_placement::parse_burst(text),
+                None => (jr_placement::BurstSetting::OFF, None),
+            };
+            let warning =
+                warning.map(|w| format!("{:?} is not valid ({})", w.input, w.problem.kind()));
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "value": raw,
+                        "enabled": setting.enabled,
+                        "percent": setting.percent,
+                        "warning": warning,
+                    })
+                );
+            } else {
+                let shown = raw.as_deref().unwrap_or("(unset)");
+                if setting.enabled {
+                    println!(
+                        "burst {shown}: on for {}% of eligible jobs",
+                        setting.percent
+                    );
+                } else {
+                    println!("burst {shown}: off");
+                }
+                if let Some(w) = warning {
+                    println!("warning: {w}; workers treat it as off");
+                }
+            }
+            Ok(())
+        }
+        BurstAction::Set { value } => {
+            let (setting, warning) = jr_placement::parse_burst(&value);
+            if let Some(w) = warning {
+                anyhow::bail!(
+                    "{:?} is not a burst value ({}): use off, on, on:<0-100> or <0-100>%",
+                    w.input,
+                    w.problem.kind()
+                );
+            }
+            let store = match js.get_key_value(bucket).await {
+                Ok(store) => store,
+                Err(_) => js
+                    .create_key_value(kv::Config {
+                        bucket: bucket.to_owned(),
+                        history: 10,
+                        ..Default::default()
+                    })
+                    .await
+                    .map_err(|e| anyhow::anyhow!("creating the KV bucket {bucket}: {e}"))?,
+            };
+            store
+                .put("burst", value.trim().to_owned().into())
+                .await
+                .map_err(|e| anyhow::anyhow!("writing {bucket}/burst: {e}"))?;
+            if setting.enabled {
+                println!("burst on for {}% of eligible jobs", setting.percent);
+            } else {
+                println!("burst off");
+            }
+            Ok(())
+        }
+    }
 }
 
 fn decode(file: Option<String>) -> anyhow::Result<()> {
@@ -58,18 +182,21 @@ async fn health(url: &str, timeout: Duration) -> anyhow::Result<()> {
     Ok(())
 }
 
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?)
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Decode { file } => decode(file),
         Command::Health { url, timeout_secs } => {
-            match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(rt) => rt.block_on(health(&url, Duration::from_secs(timeout_secs))),
-                Err(e) => Err(e.into()),
-            }
+            runtime().and_then(|rt| rt.block_on(health(&url, Duration::from_secs(timeout_secs))))
+        }
+        Command::Burst { nats, action } => {
+            runtime().and_then(|rt| rt.block_on(burst(nats, action)))
         }
     };
     match result {

@@ -47,6 +47,10 @@ fn spec(task: i64, token: &str) -> WorkloadSpec {
         worker_id: "worker-1".into(),
         facade_url: "http://facade.test".into(),
         executor_token: token.into(),
+        repository: "acme/widgets".into(),
+        workflow: "ci".into(),
+        job_name: "build".into(),
+        fetched_at: 0,
     }
 }
 
@@ -571,6 +575,10 @@ async fn redelivery_returns_the_existing_pod_with_its_original_token() {
     let first = spec(41, "first-token");
     let redelivered = WorkloadSpec {
         executor_token: "second-token".into(),
+        repository: "acme/widgets".into(),
+        workflow: "ci".into(),
+        job_name: "build".into(),
+        fetched_at: 0,
         ..first.clone()
     };
     backend.create(&first).await.expect("create");

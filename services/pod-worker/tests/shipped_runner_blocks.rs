@@ -42,6 +42,10 @@ fn spec() -> WorkloadSpec {
         worker_id: "w".into(),
         facade_url: "https://facade".into(),
         executor_token: "t".into(),
+        repository: "acme/widgets".into(),
+        workflow: "ci".into(),
+        job_name: "build".into(),
+        fetched_at: 0,
     }
 }
 

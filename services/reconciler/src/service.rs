@@ -66,6 +66,27 @@ async fn open_store(url: &str, shutdown: &CancellationToken) -> anyhow::Result<O
     }
 }
 
+/// Creates the KV bucket `JR_PLACEMENT` (the burst switch) when it is missing; an existing one
+/// is left as it is, with its values.
+async fn ensure_placement_bucket(bus: &jr_bus::Bus, replicas: usize) -> anyhow::Result<()> {
+    use jr_bus::async_nats::jetstream::kv;
+    let bucket = jr_bus::permissions::PLACEMENT_BUCKET;
+    if bus.jetstream().get_key_value(bucket).await.is_ok() {
+        return Ok(());
+    }
+    bus.jetstream()
+        .create_key_value(kv::Config {
+            bucket: bucket.to_owned(),
+            description: "placement switches set by operators (key burst: off, on, on:<percent>)"
+                .into(),
+            history: 10,
+            num_replicas: replicas,
+            ..Default::default()
+        })
+        .await?;
+    Ok(())
+}
+
 pub async fn run(p: Process) -> anyhow::Result<()> {
     let shutdown = p.shutdown.token();
     let cfg = p.config.reconciler.clone();
@@ -76,6 +97,9 @@ pub async fn run(p: Process) -> anyhow::Result<()> {
         .ensure_topology(&topology)
         .await
         .context("declaring streams")?;
+    ensure_placement_bucket(&p.bus, p.config.nats.stream_replicas)
+        .await
+        .context("declaring the KV bucket of the placement switches")?;
     let Some(store) = open_store(&p.config.database.url, &shutdown).await? else {
         return Ok(());
     };

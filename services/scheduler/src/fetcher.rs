@@ -117,6 +117,7 @@ impl Dispatcher {
             placement: Some(placement),
             labels,
             repository: context_string(task, "repository"),
+            workflow: Some(context_string(task, "workflow")).filter(|w| !w.is_empty()),
             job_name,
             max_duration_secs: max.as_secs(),
             fetched_at,

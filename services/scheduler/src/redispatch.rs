@@ -282,6 +282,7 @@ mod tests {
                 placement: None,
                 labels: vec!["pod".into()],
                 repository: "org/repo".into(),
+                workflow: None,
                 job_name: "build".into(),
                 max_duration_secs: 3600,
                 fetched_at: 900,

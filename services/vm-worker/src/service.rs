@@ -64,10 +64,15 @@ pub async fn run(p: Process) -> anyhow::Result<()> {
             weight: provider.weight,
             max_runners: provider.max_runners,
             disabled: provider.disabled,
+            tier: provider.tier,
         });
     }
-    let backend = jr_worker::Providers::new(members, p.config.reconciler.unreachable_hold);
-    jr_worker::run_service(p, backend, settings)
+    let follow_burst = members.iter().any(|m| m.tier == jr_worker::Tier::Burst);
+    let backend = jr_worker::Providers::new(members, p.config.reconciler.unreachable_hold)
+        .with_burst(std::sync::Arc::new(jr_worker::burst_from_config(
+            &backend_cfg,
+        )));
+    jr_worker::run_providers_service(p, backend, settings, follow_burst)
         .await
         .map_err(Into::into)
 }

@@ -65,6 +65,10 @@ fn spec() -> WorkloadSpec {
         worker_id: "vm-worker-1".into(),
         facade_url: "http://facade.test".into(),
         executor_token: "per-attempt-secret".into(),
+        repository: "acme/widgets".into(),
+        workflow: "ci".into(),
+        job_name: "build".into(),
+        fetched_at: 0,
     }
 }
 

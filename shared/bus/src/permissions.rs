@@ -14,10 +14,11 @@
 //!   (`jr.event.<backend>.*.{workload-requested,workload-created,workload-observed,released}`);
 //!   pulls and acks its two durables `<backend>-worker` (filters fixed in the create subject);
 //!   reads single messages of `JR_ASSIGNMENTS`/`JR_EVENTS`; owns the KV bucket
-//!   `JR_WORKLOADS_<backend>`.
+//!   `JR_WORKLOADS_<backend>`; reads the placement switches in the KV bucket `JR_PLACEMENT`.
 //! - **reconciler**: publishes only commands (`jr.command.<backend>.delete-workload`,
 //!   `jr.command.scheduler.fail-task`, `jr.command.scheduler.redispatch`); replays
-//!   `JR_ASSIGNMENTS`/`JR_EVENTS` with ordered consumers; reads the workers' pending counts.
+//!   `JR_ASSIGNMENTS`/`JR_EVENTS` with ordered consumers; reads the workers' pending counts;
+//!   owns (creates) the KV bucket `JR_PLACEMENT` of the placement switches.
 //!
 //! Where the grant is broader than one subject, and why:
 //! - Ordered consumers are ephemeral with generated names, and NATS wildcards match whole
@@ -47,6 +48,10 @@ use jr_protocol::{Kind, STREAM_ASSIGNMENTS, STREAM_COMMANDS, STREAM_EVENTS, subj
 
 /// The KV bucket of the scheduler (Forgejo request keys).
 pub const SCHEDULER_BUCKET: &str = "JR_SCHEDULER";
+
+/// The KV bucket of the placement switches (key `burst`): the reconciler creates it, operators
+/// set it (`jr burst`, or the NATS CLI as `admin`), workers read it.
+pub const PLACEMENT_BUCKET: &str = "JR_PLACEMENT";
 
 /// The KV bucket of a worker's ledger of announced workloads.
 pub fn worker_bucket(backend: &BackendName) -> String {
@@ -263,6 +268,15 @@ pub fn permissions(role: &Role, backends: &[BackendName]) -> Permissions {
                 "{API}.DIRECT.GET.{STREAM_EVENTS}.jr.event.{backend}.>"
             ));
             own_bucket(&mut p, &worker_bucket(backend), true);
+            // Reads the burst switch; writing it is for operators.
+            let placement = format!("KV_{PLACEMENT_BUCKET}");
+            p.publish_allow
+                .push(format!("{API}.STREAM.INFO.{placement}"));
+            p.publish_allow.push(format!(
+                "{API}.DIRECT.GET.{placement}.$KV.{PLACEMENT_BUCKET}.>"
+            ));
+            p.publish_allow
+                .push(format!("{API}.STREAM.MSG.GET.{placement}"));
         }
         Role::Reconciler => {
             for backend in backends {
@@ -276,6 +290,7 @@ pub fn permissions(role: &Role, backends: &[BackendName]) -> Permissions {
             for stream in [STREAM_ASSIGNMENTS, STREAM_EVENTS] {
                 ordered_consumers(&mut p, stream, &worker_durables);
             }
+            own_bucket(&mut p, PLACEMENT_BUCKET, false);
         }
     }
     // The INFO grant may come twice (two buckets never, but keep the list tidy).

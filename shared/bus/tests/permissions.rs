@@ -8,7 +8,7 @@ use std::time::Duration;
 use futures::StreamExt as _;
 use jr_bus::async_nats::jetstream::{consumer, kv};
 use jr_bus::permissions::{
-    BackendName, Role, SCHEDULER_BUCKET, ordered_consumer_name, worker_bucket,
+    BackendName, PLACEMENT_BUCKET, Role, SCHEDULER_BUCKET, ordered_consumer_name, worker_bucket,
 };
 use jr_bus::testing::{NatsServer, ServiceUsers};
 use jr_bus::{BusMetrics, ConsumerSpec, Credentials, Topology};
@@ -317,6 +317,37 @@ async fn each_service_does_its_own_work_and_is_refused_outside_its_permissions()
         .await;
     assert_eq!(keys, vec!["a.1.jr-a-1".to_owned()]);
     ledger.purge("a.1.jr-a-1").await.expect("purge");
+    // The reconciler creates the placement bucket, an operator sets the switch, workers read it.
+    reconciler
+        .jetstream()
+        .create_key_value(kv::Config {
+            bucket: PLACEMENT_BUCKET.into(),
+            history: 10,
+            ..Default::default()
+        })
+        .await
+        .expect("placement bucket");
+    admin
+        .jetstream()
+        .get_key_value(PLACEMENT_BUCKET)
+        .await
+        .expect("admin opens the placement bucket")
+        .put("burst", "on:30".into())
+        .await
+        .expect("admin sets the switch");
+    let switches = pod_worker
+        .jetstream()
+        .get_key_value(PLACEMENT_BUCKET)
+        .await
+        .expect("worker opens the placement bucket");
+    assert_eq!(
+        switches
+            .get("burst")
+            .await
+            .expect("worker reads")
+            .as_deref(),
+        Some(&b"on:30"[..])
+    );
 
     for bus in [&scheduler, &pod_worker, &vm_worker, &reconciler] {
         assert_eq!(permission_errors(bus), 0, "own work refused");
@@ -348,6 +379,8 @@ async fn each_service_does_its_own_work_and_is_refused_outside_its_permissions()
         "$JS.API.CONSUMER.CREATE.JR_ASSIGNMENTS.pod-worker.jr.assignment.>".to_owned(),
         "$JS.API.CONSUMER.DELETE.JR_ASSIGNMENTS.pod-worker".to_owned(),
         "$KV.JR_SCHEDULER.pod".to_owned(),
+        // A worker reads the burst switch but cannot set it.
+        "$KV.JR_PLACEMENT.burst".to_owned(),
         "_INBOX.scheduler.reply".to_owned(),
         // Direct reads of another backend's assignment and events.
         format!(

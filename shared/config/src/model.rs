@@ -345,6 +345,9 @@ pub struct BackendConfig {
     pub runner_token_file: Option<PathBuf>,
     #[serde(default)]
     pub providers: Vec<ProviderConfig>,
+    /// How the providers with `tier = "burst"` take work.
+    #[serde(default)]
+    pub burst: Option<BurstConfig>,
     /// How much this backend is trusted with: `trusted` (only jobs whose context may use it) or
     /// `untrusted` (any job). Default: `trusted` for `pod`, `untrusted` for `vm`.
     #[serde(default)]
@@ -371,12 +374,56 @@ pub struct ProviderConfig {
     /// Per-provider overrides layered over the backend's runner block.
     #[serde(default)]
     pub runner: Option<toml::Table>,
+    /// `default` or `burst`: a burst provider takes work only while the burst switch is on
+    /// and the default tier has no room (`[backend.<name>.burst]`).
+    #[serde(default)]
+    pub tier: ProviderTier,
     /// Pod backends: where this provider's Pods run (unset keys: the backend's).
     #[serde(default)]
     pub kubernetes: Option<ProviderKubernetes>,
     /// VM backends: where this provider's sandboxes run (unset keys: the backend's).
     #[serde(default)]
     pub opensandbox: Option<ProviderOpenSandbox>,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum ProviderTier {
+    #[default]
+    Default,
+    Burst,
+}
+
+/// `[backend.<name>.burst]`: how the burst tier (the providers with `tier = "burst"`) takes work.
+/// Whether it is on, and for what share of jobs, is the run-time switch in the JetStream KV
+/// bucket `JR_PLACEMENT` (key `burst`, set with `jr burst`).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BurstConfig {
+    /// Jobs that never leave the default tier.
+    #[serde(default)]
+    pub protected: Vec<ProtectedJob>,
+    /// A job that waited longer than this since it was fetched may use the burst tier even
+    /// while the default tier has room (unset: only when the default tier is full).
+    #[serde(default, with = "humantime_serde")]
+    pub after: Option<Duration>,
+}
+
+/// A protected-job matcher: every given field must match (`*` matches any run of characters,
+/// case-insensitive); a field
+/// left out matches anything.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProtectedJob {
+    #[serde(default)]
+    pub repository: Option<String>,
+    #[serde(default)]
+    pub workflow: Option<String>,
+    #[serde(default)]
+    pub job: Option<String>,
+    /// Each must match one of the job's `runs-on` labels.
+    #[serde(default)]
+    pub labels: Vec<String>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]

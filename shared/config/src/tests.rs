@@ -346,3 +346,31 @@ fn bad_providers_are_refused_with_the_key_named() {
         Some("jobs-east")
     );
 }
+
+#[test]
+fn burst_tier_needs_a_default_tier_and_burst_providers() {
+    let only_burst = "[[backend.pod.providers]]\nname = \"a\"\ntier = \"burst\"\n";
+    let err = load_env(&format!("{MINIMAL}\n{only_burst}"), &[]).expect_err("no default tier");
+    assert!(err.to_string().contains("backend.pod.providers"), "{err}");
+    let table_only = "[backend.pod.burst]\nafter = \"30s\"\n";
+    let text = MINIMAL.replace(
+        "kubernetes = { namespace = \"jobs\" }\n",
+        &format!("kubernetes = {{ namespace = \"jobs\" }}\n{table_only}"),
+    );
+    let err = load_env(&text, &[]).expect_err("no burst provider");
+    assert!(err.to_string().contains("backend.pod.burst"), "{err}");
+    let bad_tier = "[[backend.pod.providers]]\nname = \"a\"\ntier = \"spare\"\n";
+    let err = load_env(&format!("{MINIMAL}\n{bad_tier}"), &[]).expect_err("unknown tier");
+    assert!(err.to_string().contains("spare"), "{err}");
+    let ok = "[[backend.pod.providers]]\nname = \"home\"\n[[backend.pod.providers]]\nname = \"cloud\"\ntier = \"burst\"\n[[backend.pod.burst.protected]]\nrepository = \"acme/release-*\"\n";
+    let c = load_env(&format!("{MINIMAL}\n{ok}"), &[]).expect("valid burst tier");
+    let burst = c.backend["pod"].burst.as_ref().expect("burst table");
+    assert_eq!(
+        burst.protected[0].repository.as_deref(),
+        Some("acme/release-*")
+    );
+    assert_eq!(
+        c.backend["pod"].providers[1].tier,
+        crate::ProviderTier::Burst
+    );
+}

@@ -202,6 +202,23 @@ impl Config {
                     }
                 }
             }
+            let burst_providers = b
+                .providers
+                .iter()
+                .filter(|p| p.tier == crate::ProviderTier::Burst)
+                .count();
+            if burst_providers > 0 && burst_providers == b.providers.len() {
+                return Err(ConfigError::key(
+                    format!("backend.{name}.providers"),
+                    "every provider has tier = \"burst\"; the default tier needs at least one",
+                ));
+            }
+            if b.burst.is_some() && burst_providers == 0 {
+                return Err(ConfigError::key(
+                    format!("backend.{name}.burst"),
+                    "no provider has tier = \"burst\"",
+                ));
+            }
             let mut seen = BTreeSet::new();
             for (i, p) in b.providers.iter().enumerate() {
                 if !seen.insert(p.name.as_str()) {

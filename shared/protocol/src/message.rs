@@ -195,6 +195,10 @@ pub struct Assignment {
     pub placement: Option<String>,
     pub labels: Vec<String>,
     pub repository: String,
+    /// The workflow's name from the forge context, when it has one (burst-tier buckets and
+    /// protected-job matchers use it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workflow: Option<String>,
     pub job_name: String,
     /// Upper bound on the job's run time; backends size workload lifetimes from it.
     pub max_duration_secs: u64,

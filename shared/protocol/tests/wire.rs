@@ -23,6 +23,7 @@ fn samples() -> Vec<Envelope> {
             placement: Some("default policy: at most trusted".into()),
             labels: vec!["pod".into(), "self-hosted".into()],
             repository: "acme/widgets".into(),
+            workflow: None,
             job_name: "build".into(),
             max_duration_secs: 10_800,
             fetched_at: 1_700_000_000_000,

@@ -48,6 +48,7 @@ impl Builder {
                 placement: None,
                 labels: vec![self.backend.to_string(), "self-hosted".into()],
                 repository: "org/repo".into(),
+                workflow: None,
                 job_name: format!("job-{}", self.forge_task_id),
                 max_duration_secs: 3600,
                 fetched_at: at.saturating_sub(5),

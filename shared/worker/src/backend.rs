@@ -31,6 +31,13 @@ pub struct WorkloadSpec {
     /// The per-attempt executor token. Backends must deliver it so that it is not readable by
     /// whoever can list workloads (e.g. a Secret owned by the Pod), never log it.
     pub executor_token: String,
+    /// `owner/name` of the job's repository (placement: burst buckets, protected jobs).
+    pub repository: String,
+    /// The workflow's name; empty when the forge sent none.
+    pub workflow: String,
+    pub job_name: String,
+    /// When the scheduler received the task (unix ms): how long the job has waited.
+    pub fetched_at: u64,
 }
 
 impl WorkloadSpec {
@@ -82,6 +89,14 @@ pub enum BackendError {
         op: &'static str,
         retry_after: Duration,
     },
+    /// No room for this workload now, while the backend may take others (placement rules keep
+    /// this job off the provider that has room): the assignment waits `retry_after` without
+    /// burning an attempt, and pulling goes on.
+    #[error("{op}: no room for this job now, retry after {retry_after:?}")]
+    Wait {
+        op: &'static str,
+        retry_after: Duration,
+    },
     /// Retrying the same request cannot succeed (bad template, missing pool, quota refused).
     #[error("{op}: {message}")]
     Permanent { op: &'static str, message: String },
@@ -93,6 +108,7 @@ impl BackendError {
         match self {
             BackendError::Transient { .. } => "transient",
             BackendError::Full { .. } => "full",
+            BackendError::Wait { .. } => "wait",
             BackendError::Permanent { .. } => "permanent",
         }
     }

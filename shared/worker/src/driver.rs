@@ -164,6 +164,10 @@ impl<B: Backend> Io<B> {
             worker_id: self.settings.worker_id.clone(),
             facade_url: self.settings.facade_url.clone(),
             executor_token: self.settings.token_key.token(key.assignment, key.attempt),
+            repository: a.repository.clone(),
+            workflow: a.workflow.clone().unwrap_or_default(),
+            job_name: a.job_name.clone(),
+            fetched_at: a.fetched_at,
         }
     }
 
@@ -212,6 +216,7 @@ impl<B: Backend> Io<B> {
                         self.metrics.full_pauses.inc();
                         CreateAnswer::Full { retry_after }
                     }
+                    BackendError::Wait { retry_after, .. } => CreateAnswer::Wait { retry_after },
                     BackendError::Transient { retry_after, .. } => {
                         CreateAnswer::Transient { retry_after }
                     }
@@ -231,7 +236,9 @@ impl<B: Backend> Io<B> {
             Err(BackendError::Transient { retry_after, .. }) => {
                 DeleteAnswer::Transient { retry_after }
             }
-            Err(BackendError::Full { retry_after, .. }) => DeleteAnswer::Transient {
+            Err(
+                BackendError::Full { retry_after, .. } | BackendError::Wait { retry_after, .. },
+            ) => DeleteAnswer::Transient {
                 retry_after: Some(retry_after),
             },
         }

@@ -3,6 +3,7 @@
 //! that performs its effects against NATS and the backend.
 
 pub mod backend;
+pub mod burst;
 mod driver;
 mod error;
 mod facts;
@@ -19,6 +20,7 @@ pub use backend::{Backend, BackendError, ObservedWorkload, WorkloadSpec, workloa
 pub use driver::{Worker, WorkerSettings};
 pub use error::WorkerError;
 pub use metrics::WorkerMetrics;
-pub use providers::{Provider, ProviderStats, Providers};
+pub use providers::{Burst, PlacementMetrics, Provider, ProviderStats, Providers, Tier};
+pub use service::{burst_from_config, run_providers_service};
 pub use service::{run_service, settings_from_config};
 pub use token::{TokenKey, token_hash};

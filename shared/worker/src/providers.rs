@@ -26,8 +26,17 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
-use jr_placement::{ProviderView, Unreachable, WeightedPicker, unreachable_verdict};
-use jr_protocol::{Reason, WorkloadPhase};
+pub use jr_config::ProviderTier as Tier;
+use jr_placement::{
+    BurstSetting, JobKey, ProtectedMatcher, ProviderView, TierChoice, Unreachable, WeightedPicker,
+    choose_tier, unreachable_verdict,
+};
+use jr_protocol::{Reason, WorkloadPhase, now_ms};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -38,6 +47,9 @@ pub const FAILURES_BEFORE_UNREACHABLE: u32 = 3;
 /// How long to wait before placing again when no provider has room (all drained, at their
 /// `max_runners` or unreachable) and none gave a time.
 const NO_ROOM_RETRY: Duration = Duration::from_secs(1);
+/// How long a job waits before it is placed again when other jobs could be placed but it may
+/// not (its tier is full while the burst tier, closed to it, has room).
+const WAIT_RETRY: Duration = Duration::from_secs(2);
 
 /// One provider of a backend.
 pub struct Provider<B> {
@@ -48,6 +60,108 @@ pub struct Provider<B> {
     pub max_runners: Option<usize>,
     /// Drained: nothing new is placed here; its running workloads finish and are deleted.
     pub disabled: bool,
+    /// The burst tier takes work only as [`Burst`] allows.
+    pub tier: Tier,
+}
+
+/// The burst tier's rules: the run-time switch (from the KV bucket `JR_PLACEMENT`, see
+/// [`crate::burst`]) and the configured protected jobs and wait threshold.
+pub struct Burst {
+    setting: Mutex<BurstSetting>,
+    protected: Vec<ProtectedMatcher>,
+    after: Option<Duration>,
+}
+
+impl Burst {
+    /// Switched off until [`Burst::set`] says otherwise.
+    pub fn new(protected: Vec<ProtectedMatcher>, after: Option<Duration>) -> Self {
+        Self {
+            setting: Mutex::new(BurstSetting::OFF),
+            protected,
+            after,
+        }
+    }
+
+    pub fn set(&self, setting: BurstSetting) {
+        *self
+            .setting
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = setting;
+    }
+
+    pub fn setting(&self) -> BurstSetting {
+        *self
+            .setting
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProviderLabels {
+    pub provider: String,
+    pub tier: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: String,
+}
+
+/// Placement metrics (prefix `worker_`): per provider and tier, and the burst switch.
+#[derive(Debug, Default)]
+pub struct PlacementMetrics {
+    pub placed: Family<ProviderLabels, Counter>,
+    pub full: Family<ProviderLabels, Counter>,
+    pub used: Family<ProviderLabels, Gauge>,
+    pub reachable: Family<ProviderLabels, Gauge>,
+    /// The burst switch as applied: -1 off, else the percentage.
+    pub burst_percent: Gauge,
+    /// Switch values that could not be read and counted as off / 0 %.
+    pub burst_switch_invalid: Counter,
+    /// Jobs that found the default tier without room, by what happened (`burst`, or why not).
+    pub tier_decisions: Family<ReasonLabels, Counter>,
+}
+
+impl PlacementMetrics {
+    pub fn register(&self, registry: &mut Registry) {
+        let r = registry.sub_registry_with_prefix("worker");
+        r.register(
+            "provider_placed",
+            "Workloads created, by provider and tier",
+            self.placed.clone(),
+        );
+        r.register(
+            "provider_full",
+            "Full answers (quota, 429), by provider and tier",
+            self.full.clone(),
+        );
+        r.register(
+            "provider_used",
+            "Workloads a provider runs now, by provider and tier",
+            self.used.clone(),
+        );
+        r.register(
+            "provider_reachable",
+            "1 while a provider answers, 0 while it is unreachable",
+            self.reachable.clone(),
+        );
+        r.register(
+            "burst_percent",
+            "The burst switch in effect: -1 off, else the share of eligible jobs in percent",
+            self.burst_percent.clone(),
+        );
+        r.register(
+            "burst_switch_invalid",
+            "Burst switch values that could not be read (counted as off)",
+            self.burst_switch_invalid.clone(),
+        );
+        r.register(
+            "tier_decisions",
+            "Placements that found the default tier without room, by outcome",
+            self.tier_decisions.clone(),
+        );
+    }
 }
 
 /// What one provider did since the start (for metrics and tests).
@@ -83,7 +197,8 @@ struct ProviderState {
 }
 
 struct State {
-    picker: WeightedPicker,
+    /// One picker per tier (a picker forgets the current weights of providers it is not shown).
+    pickers: [WeightedPicker; 2],
     providers: Vec<ProviderState>,
     /// Our workloads by full reference.
     known: HashMap<String, Known>,
@@ -98,6 +213,8 @@ pub struct Providers<B> {
     members: Vec<Provider<B>>,
     hold: Duration,
     state: Arc<Mutex<State>>,
+    burst: Arc<Burst>,
+    metrics: Arc<PlacementMetrics>,
 }
 
 fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
@@ -119,13 +236,55 @@ impl<B: Backend> Providers<B> {
         Self {
             members,
             hold: unreachable_hold,
+            burst: Arc::new(Burst::new(Vec::new(), None)),
+            metrics: Arc::default(),
             state: Arc::new(Mutex::new(State {
-                picker: WeightedPicker::new(),
+                pickers: [WeightedPicker::new(), WeightedPicker::new()],
                 providers,
                 known: HashMap::new(),
                 sticky: HashMap::new(),
                 observer: None,
             })),
+        }
+    }
+
+    /// Uses `burst` for the burst tier's rules (default: off, nothing protected).
+    pub fn with_burst(mut self, burst: Arc<Burst>) -> Self {
+        self.burst = burst;
+        self
+    }
+
+    pub fn burst(&self) -> Arc<Burst> {
+        self.burst.clone()
+    }
+
+    pub fn metrics(&self) -> Arc<PlacementMetrics> {
+        self.metrics.clone()
+    }
+
+    fn labels(&self, i: usize) -> ProviderLabels {
+        ProviderLabels {
+            provider: self.members[i].name.clone(),
+            tier: match self.members[i].tier {
+                Tier::Default => "default",
+                Tier::Burst => "burst",
+            }
+            .to_owned(),
+        }
+    }
+
+    /// Refreshes the per-provider gauges.
+    fn gauges(&self, state: &State) {
+        for i in 0..self.members.len() {
+            let labels = self.labels(i);
+            self.metrics
+                .used
+                .get_or_create(&labels)
+                .set(used(state, i) as i64);
+            self.metrics
+                .reachable
+                .get_or_create(&labels)
+                .set(i64::from(state.providers[i].unreachable_since.is_none()));
         }
     }
 
@@ -151,10 +310,12 @@ impl<B: Backend> Providers<B> {
         Some((i, inner.to_owned()))
     }
 
-    fn views(&self, state: &State) -> Vec<ProviderView> {
+    /// The providers of `tier` as placement sees them.
+    fn views(&self, state: &State, tier: Tier) -> Vec<ProviderView> {
         self.members
             .iter()
             .enumerate()
+            .filter(|(_, m)| m.tier == tier)
             .map(|(i, m)| ProviderView {
                 name: m.name.clone(),
                 weight: m.weight,
@@ -165,6 +326,70 @@ impl<B: Backend> Providers<B> {
                 full_until: state.providers[i].full_until,
             })
             .collect()
+    }
+
+    /// Which provider takes a new workload for `spec`: the default tier by weight when it has
+    /// room; the burst tier when the switch, the protected jobs and the job's bucket allow it
+    /// and the default tier has no room (or the job waited longer than `after`).
+    fn place(
+        &self,
+        state: &mut State,
+        spec: &WorkloadSpec,
+        exclude: &BTreeSet<String>,
+        now: Instant,
+    ) -> Option<usize> {
+        let has_room = |views: &[ProviderView]| {
+            views
+                .iter()
+                .any(|v| v.has_room(now) && !exclude.contains(&v.name))
+        };
+        let defaults = self.views(state, Tier::Default);
+        let bursts = self.views(state, Tier::Burst);
+        let default_room = has_room(&defaults);
+        let tier = if bursts.is_empty() {
+            Tier::Default
+        } else {
+            let job = JobKey {
+                repository: spec.repository.clone(),
+                workflow: spec.workflow.clone(),
+                job: spec.job_name.clone(),
+                labels: spec.labels.clone(),
+            };
+            let waited = Duration::from_millis(now_ms().saturating_sub(spec.fetched_at));
+            let choice = choose_tier(
+                &self.burst.setting(),
+                &self.burst.protected,
+                &job,
+                !default_room,
+                waited,
+                self.burst.after,
+            );
+            let burst_room = has_room(&bursts);
+            if !default_room || matches!(choice, TierChoice::Burst) {
+                let outcome = match choice {
+                    TierChoice::Burst if burst_room => "burst",
+                    TierChoice::Burst => "burst_full",
+                    TierChoice::Default(reason) => reason.kind(),
+                };
+                self.metrics
+                    .tier_decisions
+                    .get_or_create(&ReasonLabels {
+                        reason: outcome.to_owned(),
+                    })
+                    .inc();
+            }
+            match choice {
+                TierChoice::Burst if burst_room => Tier::Burst,
+                _ => Tier::Default,
+            }
+        };
+        let (views, picker) = match tier {
+            Tier::Default => (defaults, &mut state.pickers[0]),
+            Tier::Burst => (bursts, &mut state.pickers[1]),
+        };
+        picker
+            .pick(&views, exclude, now)
+            .and_then(|n| self.members.iter().position(|m| m.name == n))
     }
 
     /// A call to provider `i` succeeded: it is reachable.
@@ -251,13 +476,7 @@ impl<B: Backend> Backend for Providers<B> {
                 });
                 let chosen = match sticky {
                     Some(i) => Some(i),
-                    None => {
-                        let views = self.views(&state);
-                        state
-                            .picker
-                            .pick(&views, &exclude, now)
-                            .and_then(|n| self.members.iter().position(|m| m.name == n))
-                    }
+                    None => self.place(&mut state, spec, &exclude, now),
                 };
                 if let Some(i) = chosen {
                     state.sticky.insert(name.clone(), i);
@@ -266,6 +485,24 @@ impl<B: Backend> Backend for Providers<B> {
                 chosen
             };
             let Some(i) = chosen else {
+                // Room left for other jobs (the burst tier is on and has room, but not for this
+                // one): pause briefly, not for a full provider's back-off.
+                let state = lock(&self.state);
+                let burst_on = self.burst.setting().enabled;
+                let room_for_others = self.members.iter().enumerate().any(|(i, m)| {
+                    (m.tier == Tier::Default || burst_on)
+                        && self.views(&state, m.tier).iter().any(|v| {
+                            v.name == self.members[i].name
+                                && v.has_room(now)
+                                && !exclude.contains(&v.name)
+                        })
+                });
+                if room_for_others {
+                    return Err(BackendError::Wait {
+                        op: "place workload",
+                        retry_after: WAIT_RETRY,
+                    });
+                }
                 return Err(BackendError::Full {
                     op: "place workload",
                     retry_after: retry_after.unwrap_or(NO_ROOM_RETRY),
@@ -284,6 +521,7 @@ impl<B: Backend> Backend for Providers<B> {
                     state.sticky.remove(&name);
                     state.providers[i].full_until = None;
                     state.providers[i].placed += 1;
+                    self.metrics.placed.get_or_create(&self.labels(i)).inc();
                     state.known.entry(reference.clone()).or_insert(Known {
                         provider: i,
                         observed: ObservedWorkload {
@@ -295,6 +533,7 @@ impl<B: Backend> Backend for Providers<B> {
                         },
                         since: Instant::now(),
                     });
+                    self.gauges(&state);
                     return Ok(reference);
                 }
                 Err(BackendError::Full {
@@ -305,6 +544,7 @@ impl<B: Backend> Backend for Providers<B> {
                     state.sticky.remove(&name);
                     state.providers[i].full_until = Some(Instant::now() + after);
                     state.providers[i].full += 1;
+                    self.metrics.full.get_or_create(&self.labels(i)).inc();
                     exclude.insert(member.name.clone());
                     retry_after = Some(retry_after.map_or(after, |r| r.min(after)));
                 }
@@ -314,6 +554,10 @@ impl<B: Backend> Backend for Providers<B> {
                         exclude.insert(member.name.clone());
                         lock(&self.state).sticky.remove(&name);
                     }
+                    return Err(error);
+                }
+                Err(error @ BackendError::Wait { .. }) => {
+                    lock(&self.state).sticky.remove(&name);
                     return Err(error);
                 }
                 Err(error @ BackendError::Permanent { .. }) => {
@@ -407,6 +651,7 @@ impl<B: Backend> Backend for Providers<B> {
                 }
             }
         }
+        self.gauges(&lock(&self.state));
         Ok(all)
     }
 

@@ -66,3 +66,40 @@ pub async fn run_service<B: Backend>(
         )
         .await
 }
+
+/// [`run_service`] for a backend made of providers: also registers the placement metrics and
+/// follows the burst switch (when a provider is in the burst tier).
+pub async fn run_providers_service<B: Backend>(
+    p: jr_service::Process,
+    backend: crate::Providers<B>,
+    settings: WorkerSettings,
+    follow_burst: bool,
+) -> Result<(), WorkerError> {
+    let metrics = backend.metrics();
+    metrics.register(&mut p.metrics.registry());
+    if follow_burst {
+        tokio::spawn(crate::burst::follow(
+            p.bus.clone(),
+            backend.burst(),
+            metrics,
+            p.shutdown.token(),
+        ));
+    }
+    run_service(p, backend, settings).await
+}
+
+/// The burst tier's rules of `[backend.<name>.burst]`.
+pub fn burst_from_config(backend: &jr_config::BackendConfig) -> crate::Burst {
+    let burst = backend.burst.clone().unwrap_or_default();
+    let protected = burst
+        .protected
+        .iter()
+        .map(|m| jr_placement::ProtectedMatcher {
+            repository: m.repository.clone(),
+            workflow: m.workflow.clone(),
+            job: m.job.clone(),
+            labels: m.labels.clone(),
+        })
+        .collect();
+    crate::Burst::new(protected, burst.after)
+}

@@ -110,6 +110,7 @@ fn assignment(task: i64, attempt: u32) -> (String, Envelope) {
         placement: None,
         labels: vec!["vm".into()],
         repository: "o/r".into(),
+        workflow: None,
         job_name: "build".into(),
         max_duration_secs: 600,
         fetched_at: 0,

@@ -275,3 +275,239 @@ kubernetes = {{ namespace = "{OTHER_NAMESPACE}", api_url = "{}" }}
     finish(&mut system, Duration::from_secs(30)).await?;
     Ok(())
 }
+
+/// A counter or gauge of the pod-worker's `/metrics`, summed over the lines whose labels contain
+/// `label` (`""` for all).
+async fn pod_worker_metric(system: &System, name: &str, label: &str) -> anyhow::Result<f64> {
+    let text = reqwest::get(format!("http://127.0.0.1:{}/metrics", system.ports.pod_ops))
+        .await?
+        .text()
+        .await?;
+    Ok(text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| {
+            l.split(['{', ' '])
+                .next()
+                .is_some_and(|n| n.ends_with(name))
+        })
+        .filter(|l| l.contains(label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum())
+}
+
+async fn wait_metric(
+    system: &System,
+    name: &str,
+    label: &str,
+    at_least: f64,
+) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let value = pod_worker_metric(system, name, label).await?;
+        if value >= at_least {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "{name}{{{label}}} stayed at {value}, want ≥ {at_least}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn jr(system: &System, args: &[&str]) -> anyhow::Result<String> {
+    let out = std::process::Command::new(jr_scenarios::process::binary("jr")?)
+        .args(["burst", "--server", &system.nats.url()])
+        .args(args)
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "jr burst {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The job names that ran in the burst provider's namespace, one entry per Pod.
+async fn burst_runs(system: &System) -> anyhow::Result<Vec<String>> {
+    let records = Store::connect(&system.database_url)
+        .await?
+        .records()
+        .await?;
+    let mut names: Vec<String> = records
+        .iter()
+        .filter(|r| r.workloads.keys().any(|(_, w)| w.starts_with("cloud/")))
+        .filter_map(|r| r.info.as_ref().map(|i| i.job_name.clone()))
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+fn enqueue_named(system: &System, names: &[String]) {
+    for name in names {
+        system.forge.enqueue_jobs(
+            jr_fake_forge::JobSpec {
+                repo: "acme/widgets".into(),
+                name: name.clone(),
+                runs_on: vec!["pod".into()],
+                vars: [("JR_FAKE_DURATION_MS".to_owned(), "100".to_owned())].into(),
+                steps: 1,
+                ..Default::default()
+            },
+            1,
+        );
+    }
+}
+
+fn bucket(name: &str) -> u8 {
+    jr_placement::burst_bucket("acme/widgets", name, name)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_burst_tier_follows_its_run_time_switch_percentage_and_protected_jobs()
+-> anyhow::Result<()> {
+    let mut system = System::start(SystemSpec {
+        pod_capacity: 12,
+        pod_executor_in_process: true,
+        extra_toml: format!(
+            r#"
+[[backend.pod.providers]]
+name = "home"
+kubernetes = {{ namespace = "{JOBS_NAMESPACE}" }}
+
+[[backend.pod.providers]]
+name = "cloud"
+tier = "burst"
+kubernetes = {{ namespace = "{OTHER_NAMESPACE}" }}
+
+[[backend.pod.burst.protected]]
+job = "protected-*"
+"#
+        ),
+        ..Default::default()
+    })
+    .await?;
+    // The default tier is full (a quota of 0 Pods) until the end of the test.
+    system.kube.set_pod_quota(JOBS_NAMESPACE, Some(0));
+    let t0 = std::time::Instant::now();
+
+    // Off (never set): jobs wait, the burst tier takes none.
+    let off: Vec<String> = (0..4).map(|n| format!("off-{n}")).collect();
+    enqueue_named(&system, &off);
+    wait_metric(&system, "tier_decisions_total", "reason=\"burst_off\"", 4.0).await?;
+    assert_eq!(created(&system).1, 0, "the burst tier ran work while off");
+    assert!(jr(&system, &["show"])?.contains("off"));
+
+    println!("[{:?}] off checked", t0.elapsed());
+    // On for 30 %: exactly the eligible jobs whose bucket is below 30, never a protected one.
+    let said = jr(&system, &["set", "on:30"])?;
+    assert!(said.contains("30%"), "{said}");
+    let jobs: Vec<String> = (0..100).map(|n| format!("job-{n}")).collect();
+    let protected: Vec<String> = (0..10).map(|n| format!("protected-{n}")).collect();
+    enqueue_named(&system, &jobs);
+    enqueue_named(&system, &protected);
+    let mut expected: Vec<String> = off
+        .iter()
+        .chain(&jobs)
+        .filter(|n| bucket(n) < 30)
+        .cloned()
+        .collect();
+    expected.sort();
+    let share = jobs.iter().filter(|n| bucket(n) < 30).count();
+    assert!(
+        (25..=35).contains(&share),
+        "{share} of 100 jobs in the 30 % buckets"
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    while burst_runs(&system).await?.len() < expected.len() {
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "burst tier ran {:?}, want {expected:?}\n{}",
+            burst_runs(&system).await?,
+            system.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Every eligible job has been placed or kept home at least once more since.
+    wait_metric(
+        &system,
+        "tier_decisions_total",
+        "reason=\"outside_percentage\"",
+        (jobs.len() - share) as f64,
+    )
+    .await?;
+    wait_metric(
+        &system,
+        "tier_decisions_total",
+        "reason=\"protected\"",
+        10.0,
+    )
+    .await?;
+    assert_eq!(burst_runs(&system).await?, expected, "first run");
+
+    println!("[{:?}] first run checked", t0.elapsed());
+    // A re-run of the same jobs lands in the same tier.
+    enqueue_named(&system, &jobs);
+    let rerun: Vec<&String> = jobs.iter().filter(|n| bucket(n) < 30).collect();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    while burst_runs(&system).await?.len() < expected.len() + rerun.len() {
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "re-run: burst tier ran {:?}\n{}",
+            burst_runs(&system).await?,
+            system.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut want: Vec<String> = expected
+        .iter()
+        .cloned()
+        .chain(rerun.into_iter().cloned())
+        .collect();
+    want.sort();
+    assert_eq!(burst_runs(&system).await?, want, "re-run");
+
+    println!("[{:?}] re-run checked", t0.elapsed());
+    // An invalid value: off (0 %) with a warning and a metric; scheduling goes on.
+    let admin = async_nats::connect(system.nats.url()).await?;
+    async_nats::jetstream::new(admin)
+        .get_key_value("JR_PLACEMENT")
+        .await?
+        .put("burst", "thirty percent".into())
+        .await?;
+    wait_metric(&system, "burst_switch_invalid_total", "", 1.0).await?;
+    let lucky: Vec<String> = (0..1000)
+        .map(|n| format!("late-{n}"))
+        .filter(|n| bucket(n) < 30)
+        .take(5)
+        .collect();
+    let before = pod_worker_metric(&system, "tier_decisions_total", "reason=\"burst_off\"").await?;
+    let runs_before = burst_runs(&system).await?.len();
+    enqueue_named(&system, &lucky);
+    wait_metric(
+        &system,
+        "tier_decisions_total",
+        "reason=\"burst_off\"",
+        before + lucky.len() as f64,
+    )
+    .await?;
+    assert_eq!(
+        burst_runs(&system).await?.len(),
+        runs_before,
+        "an invalid switch let jobs into the burst tier"
+    );
+    let pod_log = std::fs::read_to_string(system.pod_worker.log_path())?;
+    assert!(
+        pod_log.contains("burst switch") && pod_log.contains("thirty percent"),
+        "no warning about the invalid switch"
+    );
+
+    println!("[{:?}] invalid value checked", t0.elapsed());
+    // The default tier gets room: everything left runs there.
+    system.kube.set_pod_quota(JOBS_NAMESPACE, None);
+    finish(&mut system, Duration::from_secs(180)).await?;
+    println!("[{:?}] all jobs final", t0.elapsed());
+    assert_eq!(attempts_spent(&system).await?, 0);
+    Ok(())
+}

@@ -19,6 +19,10 @@ fn spec() -> WorkloadSpec {
         worker_id: "pod-worker-7f9c@node/1".into(),
         facade_url: "https://facade.example:8443".into(),
         executor_token: "s3cr3t-token-value".into(),
+        repository: "acme/widgets".into(),
+        workflow: "ci".into(),
+        job_name: "build".into(),
+        fetched_at: 0,
     }
 }
 

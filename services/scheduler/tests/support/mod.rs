@@ -479,6 +479,7 @@ pub fn sealed_assignment(
             placement: None,
             labels: vec!["pod".into()],
             repository: "org/repo".into(),
+            workflow: None,
             job_name: format!("job-{task_id}"),
             max_duration_secs: 3600,
             fetched_at: 1_000,

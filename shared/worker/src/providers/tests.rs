@@ -103,6 +103,10 @@ fn spec(n: u32) -> WorkloadSpec {
         worker_id: "w".into(),
         facade_url: "http://facade".into(),
         executor_token: "t".into(),
+        repository: "acme/widgets".into(),
+        workflow: "ci".into(),
+        job_name: "build".into(),
+        fetched_at: 0,
     }
 }
 
@@ -113,6 +117,7 @@ fn provider(name: &str, weight: u32, fake: &Fake) -> Provider<Fake> {
         weight,
         max_runners: None,
         disabled: false,
+        tier: Tier::Default,
     }
 }
 
@@ -312,4 +317,97 @@ async fn observations_are_tagged_and_unreachable_reports_go_to_the_observer() {
     assert_eq!(report.phase, WorkloadPhase::Unknown);
     stop.cancel();
     observer.await.expect("test");
+}
+
+fn burst_provider(name: &str, fake: &Fake) -> Provider<Fake> {
+    Provider {
+        tier: Tier::Burst,
+        ..provider(name, 1, fake)
+    }
+}
+
+fn job(n: u32) -> WorkloadSpec {
+    WorkloadSpec {
+        job_name: format!("job-{n}"),
+        fetched_at: jr_protocol::now_ms(),
+        ..spec(n)
+    }
+}
+
+fn on(percent: u8) -> jr_placement::BurstSetting {
+    jr_placement::BurstSetting {
+        enabled: true,
+        percent,
+    }
+}
+
+#[tokio::test]
+async fn the_burst_tier_takes_nothing_while_off_and_nothing_while_the_default_tier_has_room() {
+    let (home, cloud) = (Fake::default(), Fake::default());
+    let providers = Providers::new(
+        vec![provider("home", 1, &home), burst_provider("cloud", &cloud)],
+        Duration::from_secs(300),
+    );
+    for n in 0..20 {
+        let r = providers.create(&job(n)).await.expect("default tier");
+        assert!(r.starts_with("home/"), "{r}");
+    }
+    providers.burst().set(on(100));
+    for n in 20..40 {
+        let r = providers
+            .create(&job(n))
+            .await
+            .expect("default tier has room");
+        assert!(r.starts_with("home/"), "{r}");
+    }
+    // Default tier full, burst off: back-pressure, the burst provider is never asked.
+    home.with(|s| s.full = true);
+    providers.burst().set(jr_placement::BurstSetting::OFF);
+    let err = providers.create(&job(40)).await.expect_err("no room");
+    assert!(matches!(err, BackendError::Full { .. }), "{err:?}");
+    assert_eq!(cloud.with(|s| s.creates), 0);
+}
+
+#[tokio::test]
+async fn with_the_default_tier_full_the_burst_tier_takes_exactly_the_jobs_in_its_percentage() {
+    let (home, cloud) = (Fake::default(), Fake::default());
+    home.with(|s| s.full = true);
+    let protected = vec![jr_placement::ProtectedMatcher {
+        job: Some("job-3*".into()),
+        ..Default::default()
+    }];
+    let burst = Arc::new(Burst::new(protected, None));
+    burst.set(on(30));
+    let providers = Providers::new(
+        vec![provider("home", 1, &home), burst_provider("cloud", &cloud)],
+        Duration::from_secs(300),
+    )
+    .with_burst(burst);
+    let mut bursted = Vec::new();
+    for n in 0..400 {
+        let spec = job(n);
+        let in_bucket =
+            jr_placement::burst_bucket(&spec.repository, &spec.workflow, &spec.job_name) < 30;
+        let protected = spec.job_name.starts_with("job-3");
+        match providers.create(&spec).await {
+            Ok(r) => {
+                assert!(r.starts_with("cloud/"), "{r}");
+                assert!(in_bucket && !protected, "job {n} went to the burst tier");
+                bursted.push(n);
+            }
+            Err(BackendError::Wait { .. }) => {
+                assert!(!in_bucket || protected, "job {n} was kept home");
+            }
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+    let eligible = (0..400)
+        .filter(|n| !job(*n).job_name.starts_with("job-3"))
+        .count();
+    let share = bursted.len() as f64 / eligible as f64;
+    assert!(
+        (0.25..=0.35).contains(&share),
+        "{} of {eligible} eligible jobs",
+        bursted.len()
+    );
 }

@@ -229,6 +229,10 @@ impl WorkerState {
                     disposition: Disposition::Nak(Some(retry_after)),
                 });
             }
+            CreateAnswer::Wait { retry_after } => fx.push(Effect::Settle {
+                delivery,
+                disposition: Disposition::Nak(Some(retry_after)),
+            }),
             CreateAnswer::Transient { retry_after } => fx.push(Effect::Settle {
                 delivery,
                 disposition: Disposition::Nak(Some(

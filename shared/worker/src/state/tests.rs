@@ -121,6 +121,36 @@ fn superseded_and_terminal_deliveries_are_acked_without_a_backend_call() {
 }
 
 #[test]
+fn a_job_that_must_wait_is_naked_without_pausing_the_others() {
+    let now = Instant::now();
+    let mut s = ready(2, now);
+    deliver(&mut s, 1, key(1, 1), BusFacts::default(), now);
+    let fx = s.on(
+        Input::CreateAnswered {
+            delivery: DeliveryId(1),
+            key: key(1, 1),
+            answer: CreateAnswer::Wait {
+                retry_after: Duration::from_secs(2),
+            },
+        },
+        now,
+    );
+    assert_eq!(
+        settled(&fx),
+        Some(Disposition::Nak(Some(Duration::from_secs(2))))
+    );
+    assert!(!publishes_failure_or_release(&fx));
+    assert!(!s.is_paused(now), "a job-specific wait paused pulling");
+    assert_eq!(s.used(), 0, "the waiting job keeps no slot");
+    // The next delivery is created at once.
+    let fx = deliver(&mut s, 2, key(2, 1), BusFacts::default(), now);
+    assert!(
+        fx.iter().any(|e| matches!(e, Effect::Create { .. })),
+        "{fx:?}"
+    );
+}
+
+#[test]
 fn a_full_backend_naks_pauses_and_publishes_nothing() {
     let now = Instant::now();
     let mut s = ready(2, now);

@@ -63,6 +63,8 @@ pub enum CreateAnswer {
     Created(String),
     /// No room right now (OpenSandbox 429, a quota): back-pressure, not a failure.
     Full { retry_after: Duration },
+    /// No room for this job now, while others may fit: it waits, pulling goes on.
+    Wait { retry_after: Duration },
     /// Worth trying again later; the server may or may not have made something.
     Transient { retry_after: Option<Duration> },
     /// Retrying the same request cannot succeed (bad template, missing pool).
