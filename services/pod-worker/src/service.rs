@@ -54,7 +54,8 @@ pub async fn run(p: Process) -> anyhow::Result<()> {
             backend_name.clone(),
             template,
         );
-        return jr_worker::run_service(p, backend, settings)
+        let share = jr_worker::fair_share_from_config(&backend_cfg);
+        return jr_worker::run_service(p, jr_worker::Fair::new(backend, share), settings)
             .await
             .map_err(Into::into);
     }
@@ -84,7 +85,8 @@ pub async fn run(p: Process) -> anyhow::Result<()> {
         .with_burst(std::sync::Arc::new(jr_worker::burst_from_config(
             &backend_cfg,
         )));
-    jr_worker::run_providers_service(p, backend, settings, follow_burst)
+    let share = jr_worker::fair_share_from_config(&backend_cfg);
+    jr_worker::run_providers_service(p, backend, settings, follow_burst, share)
         .await
         .map_err(Into::into)
 }

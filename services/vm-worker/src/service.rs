@@ -40,7 +40,8 @@ pub async fn run(p: Process) -> anyhow::Result<()> {
     let api_key = jr_config::read_secret("opensandbox.api_key", &os.api_key, &os.api_key_file)?;
     if backend_cfg.providers.is_empty() {
         let backend = make(os.url.clone(), api_key, os.pool.clone(), None)?;
-        return jr_worker::run_service(p, backend, settings)
+        let share = jr_worker::fair_share_from_config(&backend_cfg);
+        return jr_worker::run_service(p, jr_worker::Fair::new(backend, share), settings)
             .await
             .map_err(Into::into);
     }
@@ -72,7 +73,8 @@ pub async fn run(p: Process) -> anyhow::Result<()> {
         .with_burst(std::sync::Arc::new(jr_worker::burst_from_config(
             &backend_cfg,
         )));
-    jr_worker::run_providers_service(p, backend, settings, follow_burst)
+    let share = jr_worker::fair_share_from_config(&backend_cfg);
+    jr_worker::run_providers_service(p, backend, settings, follow_burst, share)
         .await
         .map_err(Into::into)
 }

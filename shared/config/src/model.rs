@@ -348,6 +348,9 @@ pub struct BackendConfig {
     /// How the providers with `tier = "burst"` take work.
     #[serde(default)]
     pub burst: Option<BurstConfig>,
+    /// Per-repository and per-owner concurrency quotas inside this backend.
+    #[serde(default)]
+    pub fair_share: Option<FairShareConfig>,
     /// How much this backend is trusted with: `trusted` (only jobs whose context may use it) or
     /// `untrusted` (any job). Default: `trusted` for `pod`, `untrusted` for `vm`.
     #[serde(default)]
@@ -407,6 +410,17 @@ pub struct BurstConfig {
     /// while the default tier has room (unset: only when the default tier is full).
     #[serde(default, with = "humantime_serde")]
     pub after: Option<Duration>,
+}
+
+/// `[backend.<name>.fair_share]`: at most this many workloads of one repository / one owner
+/// at once; work over a quota waits in JetStream without spending an attempt.
+#[derive(Clone, Copy, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FairShareConfig {
+    #[serde(default)]
+    pub per_repository: Option<usize>,
+    #[serde(default)]
+    pub per_owner: Option<usize>,
 }
 
 /// A protected-job matcher: every given field must match (`*` matches any run of characters,

@@ -374,3 +374,24 @@ fn burst_tier_needs_a_default_tier_and_burst_providers() {
         crate::ProviderTier::Burst
     );
 }
+
+#[test]
+fn a_zero_fair_share_is_refused_with_its_key() {
+    let text = MINIMAL.replace(
+        "kubernetes = { namespace = \"jobs\" }\n",
+        "kubernetes = { namespace = \"jobs\" }\nfair_share = { per_repository = 0 }\n",
+    );
+    let err = load_env(&text, &[]).expect_err("zero quota");
+    assert!(
+        err.to_string()
+            .contains("backend.pod.fair_share.per_repository"),
+        "{err}"
+    );
+    let text = MINIMAL.replace(
+        "kubernetes = { namespace = \"jobs\" }\n",
+        "kubernetes = { namespace = \"jobs\" }\nfair_share = { per_repository = 3, per_owner = 5 }\n",
+    );
+    let c = load_env(&text, &[]).expect("valid quotas");
+    let fair = c.backend["pod"].fair_share.expect("fair_share");
+    assert_eq!((fair.per_repository, fair.per_owner), (Some(3), Some(5)));
+}

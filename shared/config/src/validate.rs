@@ -219,6 +219,19 @@ impl Config {
                     "no provider has tier = \"burst\"",
                 ));
             }
+            if let Some(fair) = &b.fair_share {
+                for (k, v) in [
+                    ("per_repository", fair.per_repository),
+                    ("per_owner", fair.per_owner),
+                ] {
+                    if v == Some(0) {
+                        return Err(ConfigError::key(
+                            format!("backend.{name}.fair_share.{k}"),
+                            "must be at least 1",
+                        ));
+                    }
+                }
+            }
             let mut seen = BTreeSet::new();
             for (i, p) in b.providers.iter().enumerate() {
                 if !seen.insert(p.name.as_str()) {

@@ -74,6 +74,7 @@ pub async fn run_providers_service<B: Backend>(
     backend: crate::Providers<B>,
     settings: WorkerSettings,
     follow_burst: bool,
+    share: crate::FairShare,
 ) -> Result<(), WorkerError> {
     let metrics = backend.metrics();
     metrics.register(&mut p.metrics.registry());
@@ -85,7 +86,16 @@ pub async fn run_providers_service<B: Backend>(
             p.shutdown.token(),
         ));
     }
-    run_service(p, backend, settings).await
+    run_service(p, crate::Fair::new(backend, share), settings).await
+}
+
+/// The fair shares of `[backend.<name>.fair_share]` (unlimited when absent).
+pub fn fair_share_from_config(backend: &jr_config::BackendConfig) -> crate::FairShare {
+    let fair = backend.fair_share.unwrap_or_default();
+    crate::FairShare {
+        per_repository: fair.per_repository,
+        per_owner: fair.per_owner,
+    }
 }
 
 /// The burst tier's rules of `[backend.<name>.burst]`.

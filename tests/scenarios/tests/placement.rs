@@ -511,3 +511,93 @@ job = "protected-*"
     assert_eq!(attempts_spent(&system).await?, 0);
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_single_job_of_one_repository_starts_within_one_turnover_of_another_repositorys_200()
+-> anyhow::Result<()> {
+    const SHARE: usize = 3;
+    let mut system = System::start(SystemSpec {
+        pod_capacity: SHARE + 1,
+        pod_executor_in_process: true,
+        extra_toml: format!("\n[backend.pod.fair_share]\nper_repository = {SHARE}\n"),
+        ..Default::default()
+    })
+    .await?;
+    let job = |repo: &str, ms: &str| jr_fake_forge::JobSpec {
+        repo: repo.into(),
+        name: "build".into(),
+        runs_on: vec!["pod".into()],
+        vars: [("JR_FAKE_DURATION_MS".to_owned(), ms.to_owned())].into(),
+        steps: 1,
+        ..Default::default()
+    };
+    // A slot turns over every 10 s (real jobs take minutes).
+    system
+        .forge
+        .enqueue_jobs(job("acme/monorepo", "10000"), 200);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while system.kube.records().created.len() < SHARE {
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the big repository never ran {SHARE} jobs\n{}",
+            system.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let single = system.forge.enqueue_jobs(job("other/tool", "100"), 1);
+    if let Err(e) = system
+        .wait_jobs_final(&single, Duration::from_secs(60))
+        .await
+    {
+        anyhow::bail!("{e}\n{}", system.logs());
+    }
+    let snapshot = system.forge.snapshot();
+    assert_eq!(
+        snapshot.job(single[0]).map(|j| j.status),
+        Some(jr_fake_forge::Status::Done(jr_fake_forge::Outcome::Success))
+    );
+    // Which repository each Pod ran for, in creation order.
+    let records = Store::connect(&system.database_url)
+        .await?
+        .records()
+        .await?;
+    let repository_of = |pod: &str| {
+        records
+            .iter()
+            .find(|r| r.workloads.keys().any(|(_, w)| pod.ends_with(w.as_str())))
+            .and_then(|r| r.info.as_ref().map(|i| i.repository.clone()))
+    };
+    let created = system.kube.records().created;
+    let position = created
+        .iter()
+        .position(|p| repository_of(p).as_deref() == Some("other/tool"))
+        .ok_or_else(|| anyhow::anyhow!("the single job's Pod is not among {created:?}"))?;
+    println!(
+        "the single job's Pod was the {}th; {} of the big repository's jobs were fetched",
+        position + 1,
+        system
+            .forge
+            .snapshot()
+            .jobs
+            .iter()
+            .filter(|j| j.fetch_count > 0)
+            .count()
+            - 1
+    );
+    // At most one turnover of the big repository's slots came first.
+    assert!(
+        position <= 2 * SHARE,
+        "{position} of the big repository's Pods started before the single job's"
+    );
+    // Mid-run (the big repository's jobs still run): capacity held, nothing fetched twice.
+    assert!(system.kube.records().max_live <= SHARE + 1);
+    assert!(
+        system
+            .forge
+            .snapshot()
+            .jobs
+            .iter()
+            .all(|j| j.fetch_count <= 1)
+    );
+    Ok(())
+}

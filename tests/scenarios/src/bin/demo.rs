@@ -1,11 +1,49 @@
 //! `demo`: all of jetrunner on this machine with the simulated forge and backends. Queues jobs,
-//! shows them flowing per backend, and says where to look.
+//! shows them flowing per backend, and says where to look. The Pod backend has two providers
+//! (namespaces `east` and `west`, weights 2:1) and a burst-tier provider (`cloud`) that takes
+//! half of the eligible jobs once both are full; the burst switch is set at start as an
+//! operator would with `jr burst set on:50`.
 
 use std::time::Duration;
 
 use clap::Parser;
 use jr_fake_forge::Status;
+use jr_scenarios::system::JOBS_NAMESPACE;
 use jr_scenarios::{System, SystemSpec};
+
+/// The Pod backend's providers: name, namespace, weight, max_runners, tier.
+const PROVIDERS: [(&str, &str, u32, usize, &str); 3] = [
+    ("east", JOBS_NAMESPACE, 2, 3, "default"),
+    ("west", "jetrunner-jobs-west", 1, 2, "default"),
+    ("cloud", "jetrunner-jobs-cloud", 1, 3, "burst"),
+];
+
+fn providers_toml(capacity: usize) -> String {
+    PROVIDERS
+        .iter()
+        .map(|(name, namespace, weight, max, tier)| {
+            let max = (*max).min(capacity.max(1));
+            format!(
+                "\n[[backend.pod.providers]]\nname = \"{name}\"\nweight = {weight}\nmax_runners = {max}\ntier = \"{tier}\"\nkubernetes = {{ namespace = \"{namespace}\" }}\n"
+            )
+        })
+        .collect()
+}
+
+/// Pods created so far in each provider's namespace.
+fn per_provider(system: &System) -> Vec<(&'static str, usize)> {
+    let created = system.kube.records().created;
+    PROVIDERS
+        .iter()
+        .map(|(name, namespace, ..)| {
+            let n = created
+                .iter()
+                .filter(|p| p.split_once('/').is_some_and(|(ns, _)| ns == *namespace))
+                .count();
+            (*name, n)
+        })
+        .collect()
+}
 
 #[derive(Parser)]
 #[command(about = "Run jetrunner locally on a simulated forge, Kubernetes and OpenSandbox")]
@@ -16,8 +54,11 @@ struct Args {
     /// Share of jobs that run in microVMs (runs-on: vm); the rest run in Pods.
     #[arg(long, default_value = "0.3")]
     vm_share: f64,
-    #[arg(long, default_value = "6")]
+    #[arg(long, default_value = "8")]
     pod_capacity: usize,
+    /// The burst switch set at start (`off`, `on`, `on:<percent>`).
+    #[arg(long, default_value = "on:50")]
+    burst: String,
     #[arg(long, default_value = "3")]
     vm_capacity: usize,
     /// Simulated job duration in milliseconds.
@@ -88,9 +129,25 @@ async fn main() -> anyhow::Result<()> {
     let mut system = System::start(SystemSpec {
         pod_capacity: args.pod_capacity,
         vm_capacity: args.vm_capacity,
+        extra_toml: providers_toml(args.pod_capacity),
         ..Default::default()
     })
     .await?;
+    // What `jr burst set <value>` does.
+    let admin = async_nats::connect(system.nats.url()).await?;
+    let js = async_nats::jetstream::new(admin);
+    let bucket = match js.get_key_value("JR_PLACEMENT").await {
+        Ok(b) => b,
+        Err(_) => {
+            js.create_key_value(async_nats::jetstream::kv::Config {
+                bucket: "JR_PLACEMENT".into(),
+                history: 10,
+                ..Default::default()
+            })
+            .await?
+        }
+    };
+    bucket.put("burst", args.burst.clone().into()).await?;
     let vm_jobs = (f64::from(args.jobs) * args.vm_share).round() as u32;
     let duration = args.job_ms.to_string();
     system.enqueue(
@@ -123,6 +180,11 @@ async fn main() -> anyhow::Result<()> {
     );
     println!("  PostgreSQL       {}", system.database_url);
     println!("  service logs     {}", system.dir.path().display());
+    println!(
+        "  burst switch     {}   (jr burst --server {} set off|on|on:<percent>)",
+        args.burst,
+        system.nats.url()
+    );
     println!();
     let started = std::time::Instant::now();
     let client = reqwest::Client::builder()
@@ -138,14 +200,19 @@ async fn main() -> anyhow::Result<()> {
             }
         }
         let waiting = |r: &Row| r.waiting.map_or_else(|| "?".to_owned(), |w| w.to_string());
+        let providers: Vec<String> = per_provider(&system)
+            .iter()
+            .map(|(name, n)| format!("{name} {n}"))
+            .collect();
         print!(
-            "\r[{:>5.1}s] pod: {:>3} at forge {:>3} fetched ({:>3} waiting for a slot) {:>3} done {:>3} failed | vm: {:>3} at forge {:>3} fetched ({:>3} waiting) {:>3} done {:>3} failed ",
+            "\r[{:>5.1}s] pod: {:>3} at forge {:>3} fetched ({:>3} waiting for a slot) {:>3} done {:>3} failed [{}] | vm: {:>3} at forge {:>3} fetched ({:>3} waiting) {:>3} done {:>3} failed ",
             started.elapsed().as_secs_f64(),
             pod.queued,
             pod.running,
             waiting(&pod),
             pod.done,
             pod.failed,
+            providers.join(", "),
             vm.queued,
             vm.running,
             waiting(&vm),
@@ -168,6 +235,14 @@ async fn main() -> anyhow::Result<()> {
                     "all {} jobs finished in {:.1}s; every Pod and VM was deleted.",
                     args.jobs,
                     started.elapsed().as_secs_f64()
+                );
+                let placed: Vec<String> = per_provider(&system)
+                    .iter()
+                    .map(|(name, n)| format!("{name} {n}"))
+                    .collect();
+                println!(
+                    "Pods per provider: {} (east:west weights 2:1; cloud is the burst tier)",
+                    placed.join(", ")
                 );
             } else {
                 println!("finished with problems: {violations:?}");
