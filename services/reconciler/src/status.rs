@@ -29,6 +29,8 @@ struct BackendStatus {
     /// Assignments waiting in JetStream for a free slot (the worker consumer's pending count).
     queue_depth: Option<u64>,
     states: BTreeMap<String, u64>,
+    /// Slots held per provider (backends with providers).
+    providers: BTreeMap<String, u64>,
 }
 
 pub fn router(state: Arc<StatusState>) -> Router {
@@ -57,6 +59,10 @@ async fn status(State(s): State<Arc<StatusState>>) -> Response {
         Ok(c) => c,
         Err(e) => return internal(e),
     };
+    let by_provider = match s.store.slots_by_provider().await {
+        Ok(rows) => rows,
+        Err(e) => return internal(e),
+    };
     let mut backends = Vec::new();
     for (name, capacity) in &s.capacity {
         let queue_depth = s
@@ -74,19 +80,54 @@ async fn status(State(s): State<Arc<StatusState>>) -> Response {
             .iter()
             .find(|u| &u.backend == name)
             .map_or(0, |u| u.used);
+        let providers = by_provider
+            .iter()
+            .filter(|(backend, ..)| backend == name)
+            .map(|(_, provider, used)| (provider.clone(), *used))
+            .collect();
         backends.push(BackendStatus {
             name: name.clone(),
             capacity: *capacity,
             slots_used,
             queue_depth,
             states,
+            providers,
         });
     }
     let quarantined = match s.store.quarantine_count().await {
         Ok(n) => n,
         Err(e) => return internal(e),
     };
-    Json(serde_json::json!({ "backends": backends, "quarantined": quarantined })).into_response()
+    let burst = burst_switch(&s.bus).await;
+    Json(serde_json::json!({ "backends": backends, "quarantined": quarantined, "burst": burst }))
+        .into_response()
+}
+
+/// The burst switch as set in the KV bucket `JR_PLACEMENT` and what workers make of it.
+async fn burst_switch(bus: &jr_bus::Bus) -> serde_json::Value {
+    let raw = match bus
+        .jetstream()
+        .get_key_value(jr_bus::permissions::PLACEMENT_BUCKET)
+        .await
+    {
+        Ok(store) => store
+            .get("burst")
+            .await
+            .ok()
+            .flatten()
+            .map(|b| String::from_utf8_lossy(&b).into_owned()),
+        Err(_) => None,
+    };
+    let (setting, warning) = match &raw {
+        Some(text) => jr_placement::parse_burst(text),
+        None => (jr_placement::BurstSetting::OFF, None),
+    };
+    serde_json::json!({
+        "value": raw,
+        "enabled": setting.enabled,
+        "percent": setting.percent,
+        "invalid": warning.is_some(),
+    })
 }
 
 /// Most recent quarantined messages shown (newest first).

@@ -31,11 +31,16 @@ impl AssignmentRecord {
                     .map(|r| r.attempt)
                     .max();
                 if highest_published.is_none_or(|h| attempt >= h) {
+                    let placement = a
+                        .placement
+                        .clone()
+                        .or_else(|| self.info.as_ref().and_then(|i| i.placement.clone()));
                     self.info = Some(AssignmentInfo {
                         forge_instance: a.forge_instance.clone(),
                         forge_task_id: a.forge_task_id,
                         backend: a.backend.clone(),
                         provider: a.provider.clone(),
+                        placement,
                         labels: a.labels.clone(),
                         repository: a.repository.clone(),
                         job_name: a.job_name.clone(),

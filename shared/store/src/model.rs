@@ -76,6 +76,8 @@ pub struct AssignmentInfo {
     pub forge_task_id: i64,
     pub backend: BackendName,
     pub provider: Option<String>,
+    /// Why it runs on this backend (the scheduler's trust decision), when recorded.
+    pub placement: Option<String>,
     pub labels: Vec<String>,
     pub repository: String,
     pub job_name: String,
@@ -359,7 +361,10 @@ impl AssignmentRecord {
                 Some(info.fetched_at),
                 None,
                 "fetched",
-                Some(format!("forge task {}", info.forge_task_id)),
+                Some(match &info.placement {
+                    Some(placement) => format!("forge task {}; {placement}", info.forge_task_id),
+                    None => format!("forge task {}", info.forge_task_id),
+                }),
             );
         }
         for a in self.attempts.values() {

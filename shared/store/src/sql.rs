@@ -62,7 +62,7 @@ pub(crate) async fn load_rows(
 ) -> Result<Rows, StoreError> {
     let mut rows = Rows::default();
     let sql = format!(
-        "SELECT id, forge_instance, forge_task_id, backend, provider, labels, repository, job_name, \
+        "SELECT id, forge_instance, forge_task_id, backend, provider, placement, labels, repository, job_name, \
          max_duration_secs, current_attempt, jr_ms(fetched_at) AS fetched_at, jr_ms(updated_at) AS updated_at \
          FROM assignments WHERE {}",
         scope.filter("id")
@@ -74,6 +74,7 @@ pub(crate) async fn load_rows(
             forge_task_id: get(&r, "forge_task_id")?,
             backend: get(&r, "backend")?,
             provider: get(&r, "provider")?,
+            placement: get(&r, "placement")?,
             labels: get(&r, "labels")?,
             repository: get(&r, "repository")?,
             job_name: get(&r, "job_name")?,
@@ -223,19 +224,19 @@ pub(crate) async fn write_rows(conn: &mut PgConnection, rows: &Rows) -> Result<(
             "INSERT INTO assignments (id, forge_instance, forge_task_id, backend, provider, labels, \
                repository, job_name, max_duration_secs, current_attempt, state, fetched_at, \
                first_published_at, last_published_at, first_workload_at, claimed_at, terminal_at, \
-               failed_at, finished_at, updated_at) \
+               failed_at, finished_at, updated_at, placement) \
              SELECT id, forge_instance, forge_task_id, backend, provider, \
                ARRAY(SELECT jsonb_array_elements_text(labels::jsonb)), repository, job_name, \
                max_duration_secs, current_attempt, state, jr_ts(fetched_at), jr_ts(first_published_at), \
                jr_ts(last_published_at), jr_ts(first_workload_at), jr_ts(claimed_at), jr_ts(terminal_at), \
-               jr_ts(failed_at), jr_ts(finished_at), jr_ts(updated_at) \
+               jr_ts(failed_at), jr_ts(finished_at), jr_ts(updated_at), placement \
              FROM UNNEST($1::uuid[], $2::text[], $3::int8[], $4::text[], $5::text[], $6::text[], $7::text[], \
                $8::text[], $9::int8[], $10::int4[], $11::text[], $12::int8[], $13::int8[], $14::int8[], \
-               $15::int8[], $16::int8[], $17::int8[], $18::int8[], $19::int8[], $20::int8[]) \
+               $15::int8[], $16::int8[], $17::int8[], $18::int8[], $19::int8[], $20::int8[], $21::text[]) \
                AS t(id, forge_instance, forge_task_id, backend, provider, labels, repository, job_name, \
                max_duration_secs, current_attempt, state, fetched_at, first_published_at, \
                last_published_at, first_workload_at, claimed_at, terminal_at, failed_at, finished_at, \
-               updated_at) \
+               updated_at, placement) \
              ON CONFLICT (id) DO UPDATE SET forge_instance = excluded.forge_instance, \
                forge_task_id = excluded.forge_task_id, backend = excluded.backend, \
                provider = excluded.provider, labels = excluded.labels, repository = excluded.repository, \
@@ -245,7 +246,8 @@ pub(crate) async fn write_rows(conn: &mut PgConnection, rows: &Rows) -> Result<(
                last_published_at = excluded.last_published_at, \
                first_workload_at = excluded.first_workload_at, claimed_at = excluded.claimed_at, \
                terminal_at = excluded.terminal_at, failed_at = excluded.failed_at, \
-               finished_at = excluded.finished_at, updated_at = excluded.updated_at",
+               finished_at = excluded.finished_at, updated_at = excluded.updated_at, \
+               placement = excluded.placement",
         )
         .bind(col(r, |a| a.id))
         .bind(col(r, |a| a.forge_instance.clone()))
@@ -267,6 +269,7 @@ pub(crate) async fn write_rows(conn: &mut PgConnection, rows: &Rows) -> Result<(
         .bind(col(r, |a| a.failed_at))
         .bind(col(r, |a| a.finished_at))
         .bind(col(r, |a| a.updated_at))
+        .bind(col(r, |a| a.placement.clone()))
         .execute(&mut *conn)
         .await
         .map_err(q("write assignments"))?;

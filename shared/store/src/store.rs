@@ -506,6 +506,23 @@ impl Store {
             .collect())
     }
 
+    /// Slots held per provider: `(backend, provider, used)` over the workloads whose reference
+    /// is `<provider>/<name>` (backends with providers).
+    pub async fn slots_by_provider(&self) -> Result<Vec<(String, String, u64)>, StoreError> {
+        let rows: Vec<(String, String, i64)> = sqlx::query_as(
+            "SELECT backend, split_part(workload, '/', 1), count(*) FROM attempts \
+             WHERE holds_slot AND backend IS NOT NULL AND strpos(workload, '/') > 0 \
+             GROUP BY 1, 2 ORDER BY 1, 2",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(q("slots by provider"))?;
+        Ok(rows
+            .into_iter()
+            .map(|(backend, provider, n)| (backend, provider, count(n)))
+            .collect())
+    }
+
     /// Every row of every projection table as JSON, each table ordered by its primary key, so
     /// two projections can be compared row by row.
     pub async fn dump_rows(&self) -> Result<serde_json::Value, StoreError> {

@@ -45,7 +45,8 @@ impl Builder {
                 forge_task_id: self.forge_task_id,
                 backend: self.backend.clone(),
                 provider: None,
-                placement: None,
+                // Attempt 1 carries the scheduler's decision, a redispatch none.
+                placement: (attempt == 1).then(|| "trusted: push to org/repo".to_owned()),
                 labels: vec![self.backend.to_string(), "self-hosted".into()],
                 repository: "org/repo".into(),
                 workflow: None,

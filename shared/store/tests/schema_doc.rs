@@ -6,6 +6,7 @@ fn schemas_projection_sql_is_the_migration() {
     let migrations = [
         include_str!("../migrations/0001_projection.sql"),
         include_str!("../migrations/0002_quarantine.sql"),
+        include_str!("../migrations/0003_placement.sql"),
     ]
     .concat();
     assert_eq!(

@@ -147,6 +147,40 @@ async fn fork_pull_request_asking_for_a_pod(shared_registration: bool) -> anyhow
     if shared_registration {
         assert_eq!(status(&from_fork[0]), success, "the fork's job ran");
         assert_eq!(vms, 1, "one microVM: the fork's job");
+        // The decision and its reason are on the assignment, in the projection and on the
+        // status page's timeline.
+        let task = snapshot
+            .job(from_fork[0])
+            .and_then(|j| j.task_ids.first().copied())
+            .ok_or_else(|| anyhow::anyhow!("the fork's job has no task"))?;
+        let records = jr_store::Store::connect(&system.database_url)
+            .await?
+            .records()
+            .await?;
+        let record = records
+            .iter()
+            .find(|r| r.info.as_ref().is_some_and(|i| i.forge_task_id == task))
+            .ok_or_else(|| anyhow::anyhow!("no assignment for task {task}"))?;
+        let placement = record
+            .info
+            .as_ref()
+            .and_then(|i| i.placement.clone())
+            .ok_or_else(|| anyhow::anyhow!("no placement recorded"))?;
+        assert!(placement.contains("fork"), "{placement}");
+        let timeline: serde_json::Value = reqwest::get(format!(
+            "http://127.0.0.1:{}/api/assignments/{}",
+            system.ports.status, record.id
+        ))
+        .await?
+        .json()
+        .await?;
+        assert!(
+            timeline["timeline"]
+                .as_array()
+                .is_some_and(|t| t.iter().any(|e| e["step"] == "fetched"
+                    && e["detail"].as_str().is_some_and(|d| d.contains(&placement)))),
+            "{timeline}"
+        );
     } else {
         assert_eq!(
             status(&from_fork[0]),

@@ -152,6 +152,30 @@ async fn a_provider_drained_mid_run_gets_no_new_work_and_its_running_work_finish
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // The status page shows the slots each provider holds.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let status: serde_json::Value = reqwest::get(format!(
+            "http://127.0.0.1:{}/api/status",
+            system.ports.status
+        ))
+        .await?
+        .json()
+        .await?;
+        let providers = status["backends"]
+            .as_array()
+            .and_then(|b| b.iter().find(|b| b["name"] == "pod"))
+            .map(|b| b["providers"].clone())
+            .unwrap_or_default();
+        if providers["a"].as_u64().unwrap_or(0) > 0 && providers["b"].as_u64().unwrap_or(0) > 0 {
+            break;
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the status API never showed both providers busy: {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     // Drain "b": the configuration changes and the worker restarts, as a rollout does.
     let path = system.config_path();
     let text = std::fs::read_to_string(&path)?;
@@ -403,6 +427,19 @@ job = "protected-*"
     // On for 30 %: exactly the eligible jobs whose bucket is below 30, never a protected one.
     let said = jr(&system, &["set", "on:30"])?;
     assert!(said.contains("30%"), "{said}");
+    let shown: serde_json::Value = serde_json::from_str(&jr(&system, &["show", "--json"])?)?;
+    assert_eq!(
+        (shown["enabled"].as_bool(), shown["percent"].as_u64()),
+        (Some(true), Some(30))
+    );
+    let status: serde_json::Value = reqwest::get(format!(
+        "http://127.0.0.1:{}/api/status",
+        system.ports.status
+    ))
+    .await?
+    .json()
+    .await?;
+    assert_eq!(status["burst"]["percent"].as_u64(), Some(30), "{status}");
     let jobs: Vec<String> = (0..100).map(|n| format!("job-{n}")).collect();
     let protected: Vec<String> = (0..10).map(|n| format!("protected-{n}")).collect();
     enqueue_named(&system, &jobs);

@@ -224,13 +224,10 @@ async fn main() -> anyhow::Result<()> {
         let all_done = pod.queued + pod.running + vm.queued + vm.running == 0;
         if all_done {
             println!();
+            // Deleting the last workloads takes a moment after the last result.
+            let cleaned = system.wait_no_workloads(Duration::from_secs(30)).await;
             let violations = system.violations();
-            if system
-                .wait_no_workloads(Duration::from_secs(30))
-                .await
-                .is_ok()
-                && violations.is_empty()
-            {
+            if cleaned.is_ok() && violations.is_empty() {
                 println!(
                     "all {} jobs finished in {:.1}s; every Pod and VM was deleted.",
                     args.jobs,
