@@ -6,6 +6,8 @@
 //! - `jr health URL` exits 0 when the URL answers 2xx (container healthchecks).
 //! - `jr burst show` / `jr burst set VALUE` read and set the burst tier's run-time switch (KV
 //!   bucket `JR_PLACEMENT`, key `burst`); `VALUE` is `off`, `on`, `on:<0-100>` or `<0-100>%`.
+//! - `jr provider drain|undrain BACKEND PROVIDER` sets a provider's run-time drain switch (key
+//!   `drain.<backend>.<provider>`): nothing new is placed there, running work finishes.
 
 use std::io::Read;
 use std::process::ExitCode;
@@ -40,6 +42,81 @@ enum Command {
         #[command(subcommand)]
         action: BurstAction,
     },
+    /// Drain a provider (nothing new placed there; running work finishes) or undo it.
+    Provider {
+        #[command(flatten)]
+        nats: NatsArgs,
+        #[command(subcommand)]
+        action: ProviderAction,
+    },
+}
+
+#[derive(Subcommand)]
+enum ProviderAction {
+    Drain { backend: String, provider: String },
+    Undrain { backend: String, provider: String },
+}
+
+async fn provider(nats: NatsArgs, action: ProviderAction) -> anyhow::Result<()> {
+    let (backend, name, drained) = match action {
+        ProviderAction::Drain { backend, provider } => (backend, provider, true),
+        ProviderAction::Undrain { backend, provider } => (backend, provider, false),
+    };
+    for (what, text) in [("backend", &backend), ("provider", &name)] {
+        anyhow::ensure!(
+            !text.is_empty()
+                && text
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'),
+            "{text:?} is not a {what} name"
+        );
+    }
+    let js = connect(&nats).await?;
+    let store = placement_store(&js).await?;
+    let key = format!("drain.{backend}.{name}");
+    store
+        .put(key.as_str(), if drained { "on" } else { "off" }.into())
+        .await
+        .map_err(|e| anyhow::anyhow!("writing {key}: {e}"))?;
+    if drained {
+        println!("provider {name} of backend {backend} drained: nothing new is placed there");
+    } else {
+        println!("provider {name} of backend {backend} takes new work again");
+    }
+    Ok(())
+}
+
+async fn connect(nats: &NatsArgs) -> anyhow::Result<jr_bus::async_nats::jetstream::Context> {
+    use jr_bus::async_nats;
+    let mut options = async_nats::ConnectOptions::new()
+        .connection_timeout(Duration::from_secs(5))
+        .max_reconnects(Some(1));
+    if let (Some(user), Some(password)) = (nats.user.clone(), nats.password.clone()) {
+        options = options.user_and_password(user, password);
+    }
+    let client = options
+        .connect(nats.server.as_str())
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot connect to NATS at {}: {e}", nats.server))?;
+    Ok(async_nats::jetstream::new(client))
+}
+
+/// The KV bucket of the placement switches, created when missing.
+async fn placement_store(
+    js: &jr_bus::async_nats::jetstream::Context,
+) -> anyhow::Result<jr_bus::async_nats::jetstream::kv::Store> {
+    let bucket = jr_bus::permissions::PLACEMENT_BUCKET;
+    match js.get_key_value(bucket).await {
+        Ok(store) => Ok(store),
+        Err(_) => js
+            .create_key_value(jr_bus::async_nats::jetstream::kv::Config {
+                bucket: bucket.to_owned(),
+                history: 10,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| anyhow::anyhow!("creating the KV bucket {bucket}: {e}")),
+    }
 }
 
 #[derive(clap::Args)]
@@ -68,19 +145,8 @@ enum BurstAction {
 }
 
 async fn burst(nats: NatsArgs, action: BurstAction) -> anyhow::Result<()> {
-    use jr_bus::async_nats::{self, jetstream::kv};
     let bucket = jr_bus::permissions::PLACEMENT_BUCKET;
-    let mut options = async_nats::ConnectOptions::new()
-        .connection_timeout(Duration::from_secs(5))
-        .max_reconnects(Some(1));
-    if let (Some(user), Some(password)) = (nats.user, nats.password) {
-        options = options.user_and_password(user, password);
-    }
-    let client = options
-        .connect(nats.server.as_str())
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot connect to NATS at {}: {e}", nats.server))?;
-    let js = async_nats::jetstream::new(client);
+    let js = connect(&nats).await?;
     match action {
         BurstAction::Show { json } => {
             let raw = match js.get_key_value(bucket).await {
@@ -132,17 +198,7 @@ async fn burst(nats: NatsArgs, action: BurstAction) -> anyhow::Result<()> {
                     w.problem.kind()
                 );
             }
-            let store = match js.get_key_value(bucket).await {
-                Ok(store) => store,
-                Err(_) => js
-                    .create_key_value(kv::Config {
-                        bucket: bucket.to_owned(),
-                        history: 10,
-                        ..Default::default()
-                    })
-                    .await
-                    .map_err(|e| anyhow::anyhow!("creating the KV bucket {bucket}: {e}"))?,
-            };
+            let store = placement_store(&js).await?;
             store
                 .put("burst", value.trim().to_owned().into())
                 .await
@@ -197,6 +253,9 @@ fn main() -> ExitCode {
         }
         Command::Burst { nats, action } => {
             runtime().and_then(|rt| rt.block_on(burst(nats, action)))
+        }
+        Command::Provider { nats, action } => {
+            runtime().and_then(|rt| rt.block_on(provider(nats, action)))
         }
     };
     match result {

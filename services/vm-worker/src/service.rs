@@ -68,13 +68,12 @@ pub async fn run(p: Process) -> anyhow::Result<()> {
             tier: provider.tier,
         });
     }
-    let follow_burst = members.iter().any(|m| m.tier == jr_worker::Tier::Burst);
     let backend = jr_worker::Providers::new(members, p.config.reconciler.unreachable_hold)
         .with_burst(std::sync::Arc::new(jr_worker::burst_from_config(
             &backend_cfg,
         )));
     let share = jr_worker::fair_share_from_config(&backend_cfg);
-    jr_worker::run_providers_service(p, backend, settings, follow_burst, share)
+    jr_worker::run_providers_service(p, backend, settings, share)
         .await
         .map_err(Into::into)
 }

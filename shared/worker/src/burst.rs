@@ -1,10 +1,13 @@
-//! The burst tier's run-time switch: one value in the JetStream KV bucket `JR_PLACEMENT`, key
-//! `burst` (`off`, `on`, `on:30`, `30`, `30%`), read by every worker with providers in a burst
-//! tier. `jr burst` reads and sets it; with the NATS CLI: `nats kv put JR_PLACEMENT burst on:30`.
+//! The run-time placement switches in the JetStream KV bucket `JR_PLACEMENT`, read by every
+//! worker with providers:
+//! - `burst` (`off`, `on`, `on:30`, `30`, `30%`): the burst tier. `jr burst` reads and sets it;
+//!   with the NATS CLI: `nats kv put JR_PLACEMENT burst on:30`.
+//! - `drain.<backend>.<provider>` (`on` / `off`): a drained provider gets nothing new, its
+//!   running work finishes. `jr provider drain|undrain <backend> <provider>`.
 //!
-//! A value that cannot be read counts as off (0 %) with a warning and a metric, never as an
-//! error: scheduling goes on. A missing bucket or key is off. A change applies within
-//! [`POLL_EVERY`].
+//! A value that cannot be read counts as the safe default (burst off, not drained) with a
+//! warning and a metric, never as an error: scheduling goes on. A missing bucket or key is the
+//! default. A change applies within [`POLL_EVERY`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,7 +17,7 @@ use jr_bus::async_nats::jetstream::kv;
 use jr_placement::{BurstSetting, parse_burst};
 use tokio_util::sync::CancellationToken;
 
-use crate::providers::{Burst, PlacementMetrics};
+use crate::providers::{Burst, Drains, PlacementMetrics};
 
 /// The KV bucket holding the placement switches.
 pub use jr_bus::permissions::PLACEMENT_BUCKET;
@@ -40,15 +43,57 @@ pub fn interpret(value: Option<&[u8]>) -> (BurstSetting, Option<String>) {
     (setting, warning)
 }
 
-/// Reads the switch every [`POLL_EVERY`] and applies it to `burst` until `shutdown`.
+/// The KV key of a provider's drain switch.
+pub fn drain_key(backend: &str, provider: &str) -> String {
+    format!("drain.{backend}.{provider}")
+}
+
+/// Whether a drain switch's value drains the provider, and the warning for a bad value.
+pub fn interpret_drain(value: Option<&[u8]>) -> (bool, Option<String>) {
+    let Some(bytes) = value else {
+        return (false, None);
+    };
+    let text = String::from_utf8_lossy(bytes);
+    match text.trim().to_ascii_lowercase().as_str() {
+        "on" | "true" | "drain" | "drained" => (true, None),
+        "off" | "false" | "" => (false, None),
+        _ => (
+            false,
+            Some(format!(
+                "drain switch {:?} is not valid: the provider is not drained; use on or off",
+                text.chars().take(64).collect::<String>()
+            )),
+        ),
+    }
+}
+
+/// What one worker follows: its backend's providers and the switches that steer them.
+pub struct Switches {
+    pub backend: String,
+    pub providers: Vec<String>,
+    pub burst: Arc<Burst>,
+    pub drains: Arc<Drains>,
+    pub metrics: Arc<PlacementMetrics>,
+}
+
+/// Reads the switches every [`POLL_EVERY`] and applies them until `shutdown`; `first` is told
+/// when the first reading has been applied.
 pub async fn follow(
     bus: Bus,
-    burst: Arc<Burst>,
-    metrics: Arc<PlacementMetrics>,
+    switches: Switches,
+    mut first: Option<tokio::sync::oneshot::Sender<()>>,
     shutdown: CancellationToken,
 ) {
+    let Switches {
+        backend,
+        providers,
+        burst,
+        drains,
+        metrics,
+    } = switches;
     let mut store: Option<kv::Store> = None;
     let mut last_value: Option<Option<Vec<u8>>> = None;
+    let mut last_drains: Vec<Option<Option<Vec<u8>>>> = vec![None; providers.len()];
     loop {
         if store.is_none() {
             store = bus.jetstream().get_key_value(PLACEMENT_BUCKET).await.ok();
@@ -87,6 +132,29 @@ pub async fn follow(
             });
             last_value = Some(value);
         }
+        if let Some(s) = &store {
+            for (i, provider) in providers.iter().enumerate() {
+                let Ok(value) = s.get(drain_key(&backend, provider)).await else {
+                    continue;
+                };
+                let value = value.map(|b| b.to_vec());
+                if last_drains[i].as_ref() == Some(&value) {
+                    continue;
+                }
+                let (drained, warning) = interpret_drain(value.as_deref());
+                if let Some(warning) = &warning {
+                    tracing::warn!(%provider, "{warning}");
+                    metrics.burst_switch_invalid.inc();
+                } else {
+                    tracing::info!(%provider, drained, "drain switch applied");
+                }
+                drains.set(provider, drained);
+                last_drains[i] = Some(value);
+            }
+        }
+        if let Some(first) = first.take() {
+            let _ = first.send(());
+        }
         tokio::select! {
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(POLL_EVERY) => {}
@@ -109,5 +177,16 @@ mod tests {
         let (off, warning) = interpret(Some(b"150%"));
         assert!(!off.enabled || off.percent == 0);
         assert!(warning.is_some());
+    }
+
+    #[test]
+    fn drain_switches_read_on_and_off_and_anything_else_is_not_drained() {
+        assert_eq!(interpret_drain(None), (false, None));
+        assert_eq!(interpret_drain(Some(b"on")), (true, None));
+        assert_eq!(interpret_drain(Some(b" TRUE ")), (true, None));
+        assert_eq!(interpret_drain(Some(b"off")), (false, None));
+        let (drained, warning) = interpret_drain(Some(b"maybe"));
+        assert!(!drained && warning.is_some());
+        assert_eq!(drain_key("pod", "east"), "drain.pod.east");
     }
 }

@@ -97,6 +97,32 @@ impl Burst {
     }
 }
 
+/// Providers drained at run time (the KV keys `drain.<backend>.<provider>` in `JR_PLACEMENT`,
+/// see [`crate::burst`]), on top of the configured `disabled`.
+#[derive(Debug, Default)]
+pub struct Drains(Mutex<BTreeSet<String>>);
+
+impl Drains {
+    pub fn set(&self, provider: &str, drained: bool) {
+        let mut set = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if drained {
+            set.insert(provider.to_owned());
+        } else {
+            set.remove(provider);
+        }
+    }
+
+    pub fn contains(&self, provider: &str) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .contains(provider)
+    }
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ProviderLabels {
     pub provider: String,
@@ -214,6 +240,7 @@ pub struct Providers<B> {
     hold: Duration,
     state: Arc<Mutex<State>>,
     burst: Arc<Burst>,
+    drains: Arc<Drains>,
     metrics: Arc<PlacementMetrics>,
 }
 
@@ -237,6 +264,7 @@ impl<B: Backend> Providers<B> {
             members,
             hold: unreachable_hold,
             burst: Arc::new(Burst::new(Vec::new(), None)),
+            drains: Arc::default(),
             metrics: Arc::default(),
             state: Arc::new(Mutex::new(State {
                 pickers: [WeightedPicker::new(), WeightedPicker::new()],
@@ -256,6 +284,20 @@ impl<B: Backend> Providers<B> {
 
     pub fn burst(&self) -> Arc<Burst> {
         self.burst.clone()
+    }
+
+    /// The run-time drain switches of this backend's providers.
+    pub fn drains(&self) -> Arc<Drains> {
+        self.drains.clone()
+    }
+
+    /// The providers' names, in configuration order.
+    pub fn names(&self) -> Vec<String> {
+        self.members.iter().map(|m| m.name.clone()).collect()
+    }
+
+    fn is_disabled(&self, i: usize) -> bool {
+        self.members[i].disabled || self.drains.contains(&self.members[i].name)
     }
 
     pub fn metrics(&self) -> Arc<PlacementMetrics> {
@@ -299,7 +341,7 @@ impl<B: Backend> Providers<B> {
                 full: state.providers[i].full,
                 used: used(&state, i),
                 reachable: state.providers[i].unreachable_since.is_none(),
-                disabled: m.disabled,
+                disabled: self.is_disabled(i),
             })
             .collect()
     }
@@ -320,7 +362,7 @@ impl<B: Backend> Providers<B> {
                 name: m.name.clone(),
                 weight: m.weight,
                 max_runners: m.max_runners,
-                disabled: m.disabled,
+                disabled: self.is_disabled(i),
                 used: used(state, i),
                 reachable: state.providers[i].unreachable_since.is_none(),
                 full_until: state.providers[i].full_until,

@@ -68,23 +68,36 @@ pub async fn run_service<B: Backend>(
 }
 
 /// [`run_service`] for a backend made of providers: also registers the placement metrics and
-/// follows the burst switch (when a provider is in the burst tier).
+/// follows the run-time switches (burst tier, provider drains).
 pub async fn run_providers_service<B: Backend>(
     p: jr_service::Process,
     backend: crate::Providers<B>,
     settings: WorkerSettings,
-    follow_burst: bool,
     share: crate::FairShare,
 ) -> Result<(), WorkerError> {
     let metrics = backend.metrics();
     metrics.register(&mut p.metrics.registry());
-    if follow_burst {
-        tokio::spawn(crate::burst::follow(
-            p.bus.clone(),
-            backend.burst(),
-            metrics,
-            p.shutdown.token(),
-        ));
+    let switches = crate::burst::Switches {
+        backend: settings.backend.to_string(),
+        providers: backend.names(),
+        burst: backend.burst(),
+        drains: backend.drains(),
+        metrics,
+    };
+    let (first, applied) = tokio::sync::oneshot::channel();
+    tokio::spawn(crate::burst::follow(
+        p.bus.clone(),
+        switches,
+        Some(first),
+        p.shutdown.token(),
+    ));
+    // Place nothing before the switches are known (a drained provider stays drained across a
+    // restart); NATS being slow must not hold the start for long.
+    if tokio::time::timeout(Duration::from_secs(5), applied)
+        .await
+        .is_err()
+    {
+        tracing::warn!("placement switches not read within 5 s; starting with the defaults");
     }
     run_service(p, crate::Fair::new(backend, share), settings).await
 }

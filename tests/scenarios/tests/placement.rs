@@ -176,14 +176,11 @@ async fn a_provider_drained_mid_run_gets_no_new_work_and_its_running_work_finish
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // Drain "b": the configuration changes and the worker restarts, as a rollout does.
-    let path = system.config_path();
-    let text = std::fs::read_to_string(&path)?;
-    anyhow::ensure!(
-        text.contains("disabled = false"),
-        "no drain switch in the config"
-    );
-    std::fs::write(&path, text.replace("disabled = false", "disabled = true"))?;
+    // Drain "b" at run time, then kill the worker and start it again: the drain holds, the
+    // running work in "b" is adopted and finishes there.
+    let said = jr_cmd(&system, "provider", &["drain", "pod", "b"])?;
+    assert!(said.contains("drained"), "{said}");
+    let drained_at = created(&system);
     system.pod_worker.restart()?;
     system
         .pod_worker
@@ -193,8 +190,10 @@ async fn a_provider_drained_mid_run_gets_no_new_work_and_its_running_work_finish
     system.enqueue("pod", 10, &[("JR_FAKE_DURATION_MS", "200")]);
     finish(&mut system, Duration::from_secs(180)).await?;
     let after = created(&system);
-    println!("before the drain: {before:?}, after the run: {after:?}");
-    assert_eq!(after.1, before.1, "the drained provider got new work");
+    println!(
+        "at the drain: {drained_at:?}, after the restart: {before:?}, after the run: {after:?}"
+    );
+    assert_eq!(after.1, drained_at.1, "the drained provider got new work");
     assert_eq!(after.0 + after.1, 16, "one Pod per job");
     // The first jobs, including the ones running on "b" while it was drained, succeeded.
     assert_eq!(system.final_count(&first), first.len());
@@ -340,17 +339,22 @@ async fn wait_metric(
     }
 }
 
-fn jr(system: &System, args: &[&str]) -> anyhow::Result<String> {
+/// Runs `jr <group> --server <nats> <args…>` (as the full-rights NATS user).
+fn jr_cmd(system: &System, group: &str, args: &[&str]) -> anyhow::Result<String> {
     let out = std::process::Command::new(jr_scenarios::process::binary("jr")?)
-        .args(["burst", "--server", &system.nats.url()])
+        .args([group, "--server", &system.nats.url()])
         .args(args)
         .output()?;
     anyhow::ensure!(
         out.status.success(),
-        "jr burst {args:?}: {}",
+        "jr {group} {args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn jr(system: &System, args: &[&str]) -> anyhow::Result<String> {
+    jr_cmd(system, "burst", args)
 }
 
 /// The job names that ran in the burst provider's namespace, one entry per Pod.
