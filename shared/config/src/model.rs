@@ -414,13 +414,16 @@ pub struct BurstConfig {
 
 /// `[backend.<name>.fair_share]`: at most this many workloads of one repository / one owner
 /// at once; work over a quota waits in JetStream without spending an attempt.
-#[derive(Clone, Copy, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FairShareConfig {
     #[serde(default)]
     pub per_repository: Option<usize>,
     #[serde(default)]
     pub per_owner: Option<usize>,
+    /// `owner/name` → weight (≥ 1): that repository's quota is `per_repository × weight`.
+    #[serde(default)]
+    pub weights: std::collections::BTreeMap<String, u32>,
 }
 
 /// A protected-job matcher: every given field must match (`*` matches any run of characters,

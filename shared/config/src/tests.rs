@@ -392,6 +392,23 @@ fn a_zero_fair_share_is_refused_with_its_key() {
         "kubernetes = { namespace = \"jobs\" }\nfair_share = { per_repository = 3, per_owner = 5 }\n",
     );
     let c = load_env(&text, &[]).expect("valid quotas");
-    let fair = c.backend["pod"].fair_share.expect("fair_share");
+    let fair = c.backend["pod"].fair_share.clone().expect("fair_share");
     assert_eq!((fair.per_repository, fair.per_owner), (Some(3), Some(5)));
+    for (table, key) in [
+        (
+            "fair_share = { weights = { \"acme/a\" = 2 } }",
+            "backend.pod.fair_share.weights",
+        ),
+        (
+            "fair_share = { per_repository = 2, weights = { \"acme/a\" = 0 } }",
+            "backend.pod.fair_share.weights",
+        ),
+    ] {
+        let text = MINIMAL.replace(
+            "kubernetes = { namespace = \"jobs\" }\n",
+            &format!("kubernetes = {{ namespace = \"jobs\" }}\n{table}\n"),
+        );
+        let err = load_env(&text, &[]).expect_err(table);
+        assert!(err.to_string().contains(key), "{table}: {err}");
+    }
 }

@@ -231,6 +231,18 @@ impl Config {
                         ));
                     }
                 }
+                if let Some((repository, _)) = fair.weights.iter().find(|(_, w)| **w == 0) {
+                    return Err(ConfigError::key(
+                        format!("backend.{name}.fair_share.weights.{repository:?}"),
+                        "must be at least 1",
+                    ));
+                }
+                if !fair.weights.is_empty() && fair.per_repository.is_none() {
+                    return Err(ConfigError::key(
+                        format!("backend.{name}.fair_share.weights"),
+                        "weights scale per_repository, which is not set",
+                    ));
+                }
             }
             let mut seen = BTreeSet::new();
             for (i, p) in b.providers.iter().enumerate() {

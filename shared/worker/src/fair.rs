@@ -26,10 +26,12 @@ use crate::backend::{Backend, BackendError, ObservedWorkload, WorkloadSpec};
 const QUOTA_RETRY: Duration = Duration::from_secs(5);
 
 /// The quotas; `None` is unlimited.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FairShare {
     pub per_repository: Option<usize>,
     pub per_owner: Option<usize>,
+    /// `owner/name` → weight: that repository's quota is `per_repository × weight`.
+    pub weights: std::collections::BTreeMap<String, u32>,
 }
 
 impl FairShare {
@@ -80,7 +82,7 @@ impl<B: Backend> Fair<B> {
             quotas: Quotas {
                 per_repository: share.per_repository,
                 per_owner: share.per_owner,
-                ..Quotas::default()
+                weights: share.weights,
             },
             state: Mutex::default(),
         }
@@ -112,12 +114,15 @@ impl<B: Backend> Backend for Fair<B> {
                 // The same attempt again while its first call runs: let the backend answer.
             } else {
                 let repository = &spec.repository;
-                match jr_placement::admit(
-                    &self.quotas,
-                    &state.usage(),
-                    repository,
-                    owner(repository),
-                ) {
+                // A weighted repository's quota is the base quota times its weight.
+                let quotas = Quotas {
+                    per_repository: self
+                        .quotas
+                        .per_repository
+                        .map(|q| q.saturating_mul(self.quotas.weight(repository) as usize)),
+                    ..self.quotas.clone()
+                };
+                match jr_placement::admit(&quotas, &state.usage(), repository, owner(repository)) {
                     Admission::Admit => {}
                     Admission::Wait { reason } => {
                         tracing::debug!(%repository, reason = reason.kind(), "over its fair share; waits");
@@ -249,6 +254,7 @@ mod tests {
             FairShare {
                 per_repository: Some(2),
                 per_owner: Some(3),
+                ..FairShare::default()
             },
         );
         let a1 = fair.create(&spec(1, "acme/big")).await.expect("a1");
@@ -276,6 +282,32 @@ mod tests {
             .await
             .expect("a3 after a1 ended");
         assert_eq!(backend.0.lock().expect("lock").len(), 4);
+    }
+
+    #[tokio::test]
+    async fn a_weighted_repository_gets_its_weight_times_the_quota() {
+        let fair = Fair::new(
+            Arc::new(Everything::default()),
+            FairShare {
+                per_repository: Some(1),
+                weights: [("acme/main".to_owned(), 3)].into(),
+                ..FairShare::default()
+            },
+        );
+        for n in 0..3 {
+            fair.create(&spec(n, "acme/main"))
+                .await
+                .expect("within 1 × 3");
+        }
+        assert!(matches!(
+            fair.create(&spec(3, "acme/main")).await,
+            Err(BackendError::Wait { .. })
+        ));
+        fair.create(&spec(4, "acme/other")).await.expect("1 × 1");
+        assert!(matches!(
+            fair.create(&spec(5, "acme/other")).await,
+            Err(BackendError::Wait { .. })
+        ));
     }
 
     #[tokio::test]

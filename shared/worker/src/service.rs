@@ -104,10 +104,11 @@ pub async fn run_providers_service<B: Backend>(
 
 /// The fair shares of `[backend.<name>.fair_share]` (unlimited when absent).
 pub fn fair_share_from_config(backend: &jr_config::BackendConfig) -> crate::FairShare {
-    let fair = backend.fair_share.unwrap_or_default();
+    let fair = backend.fair_share.clone().unwrap_or_default();
     crate::FairShare {
         per_repository: fair.per_repository,
         per_owner: fair.per_owner,
+        weights: fair.weights,
     }
 }
 
