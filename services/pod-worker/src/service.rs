@@ -71,21 +71,9 @@ pub async fn run(p: Process) -> anyhow::Result<()> {
         .await?;
         let backend = PodBackend::new(client, namespace, backend_name.clone(), template.clone())
             .for_provider(provider.name.clone());
-        members.push(jr_worker::Provider {
-            name: provider.name.clone(),
-            backend,
-            weight: provider.weight,
-            max_runners: provider.max_runners,
-            disabled: provider.disabled,
-            tier: provider.tier,
-        });
+        members.push(jr_worker::Provider::configured(provider, backend));
     }
-    let backend = jr_worker::Providers::new(members, p.config.reconciler.unreachable_hold)
-        .with_burst(std::sync::Arc::new(jr_worker::burst_from_config(
-            &backend_cfg,
-        )));
-    let share = jr_worker::fair_share_from_config(&backend_cfg);
-    jr_worker::run_providers_service(p, backend, settings, share)
+    jr_worker::run_with_providers(p, members, &backend_cfg, settings)
         .await
         .map_err(Into::into)
 }

@@ -137,3 +137,23 @@ pub trait Backend: Send + Sync + 'static {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> impl Future<Output = ()> + Send;
 }
+
+/// A workload spec for unit tests: attempt 1 of assignment `n + 1`, repository `acme/widgets`.
+#[cfg(test)]
+pub(crate) fn test_spec(n: u32) -> WorkloadSpec {
+    WorkloadSpec {
+        assignment_id: AssignmentId(uuid::Uuid::from_u128(u128::from(n) + 1)),
+        attempt: 1,
+        backend: BackendName::new("pod").expect("backend name"),
+        provider: None,
+        labels: vec!["pod".into()],
+        max_duration: Duration::from_secs(60),
+        worker_id: "w".into(),
+        facade_url: "http://facade".into(),
+        executor_token: "t".into(),
+        repository: "acme/widgets".into(),
+        workflow: "ci".into(),
+        job_name: "build".into(),
+        fetched_at: 0,
+    }
+}

@@ -72,6 +72,8 @@ fn owner(repository: &str) -> &str {
 pub struct Fair<B> {
     inner: B,
     quotas: Quotas,
+    /// No quota configured: every call goes straight to `inner`, nothing is counted.
+    unlimited: bool,
     state: Mutex<State>,
 }
 
@@ -79,6 +81,7 @@ impl<B: Backend> Fair<B> {
     pub fn new(inner: B, share: FairShare) -> Self {
         Self {
             inner,
+            unlimited: share.is_unlimited(),
             quotas: Quotas {
                 per_repository: share.per_repository,
                 per_owner: share.per_owner,
@@ -107,6 +110,9 @@ impl<B: Backend> Fair<B> {
 
 impl<B: Backend> Backend for Fair<B> {
     async fn create(&self, spec: &WorkloadSpec) -> Result<String, BackendError> {
+        if self.unlimited {
+            return self.inner.create(spec).await;
+        }
         let name = spec.name();
         {
             let mut state = self.state();
@@ -152,14 +158,18 @@ impl<B: Backend> Backend for Fair<B> {
     }
 
     async fn list(&self) -> Result<Vec<ObservedWorkload>, BackendError> {
+        if self.unlimited {
+            return self.inner.list().await;
+        }
         let started = Instant::now();
         let listed = self.inner.list().await?;
-        let mut state = self.state();
-        state.running.retain(|reference, (_, since)| {
-            *since > started
-                || listed
-                    .iter()
-                    .any(|o| &o.workload == reference && o.phase != WorkloadPhase::Gone)
+        let present: std::collections::HashSet<&str> = listed
+            .iter()
+            .filter(|o| o.phase != WorkloadPhase::Gone)
+            .map(|o| o.workload.as_str())
+            .collect();
+        self.state().running.retain(|reference, (_, since)| {
+            *since > started || present.contains(reference.as_str())
         });
         Ok(listed)
     }
@@ -169,6 +179,9 @@ impl<B: Backend> Backend for Fair<B> {
         tx: mpsc::Sender<ObservedWorkload>,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) {
+        if self.unlimited {
+            return self.inner.observe(tx, shutdown).await;
+        }
         let (inner_tx, mut inner_rx) = mpsc::channel::<ObservedWorkload>(256);
         let forward = async {
             while let Some(observed) = inner_rx.recv().await {
@@ -187,8 +200,6 @@ impl<B: Backend> Backend for Fair<B> {
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
-
-    use jr_protocol::{AssignmentId, BackendName};
 
     use super::*;
 
@@ -230,19 +241,8 @@ mod tests {
 
     fn spec(n: u32, repository: &str) -> WorkloadSpec {
         WorkloadSpec {
-            assignment_id: AssignmentId(uuid::Uuid::from_u128(u128::from(n) + 1)),
-            attempt: 1,
-            backend: BackendName::new("pod").expect("name"),
-            provider: None,
-            labels: vec!["pod".into()],
-            max_duration: Duration::from_secs(60),
-            worker_id: "w".into(),
-            facade_url: "http://facade".into(),
-            executor_token: "t".into(),
             repository: repository.into(),
-            workflow: "ci".into(),
-            job_name: "build".into(),
-            fetched_at: 0,
+            ..crate::backend::test_spec(n)
         }
     }
 

@@ -23,6 +23,6 @@ pub use error::WorkerError;
 pub use fair::{Fair, FairShare};
 pub use metrics::WorkerMetrics;
 pub use providers::{Burst, PlacementMetrics, Provider, ProviderStats, Providers, Tier};
-pub use service::{burst_from_config, fair_share_from_config, run_providers_service};
+pub use service::{fair_share_from_config, run_with_providers};
 pub use service::{run_service, settings_from_config};
 pub use token::{TokenKey, token_hash};

@@ -64,6 +64,20 @@ pub struct Provider<B> {
     pub tier: Tier,
 }
 
+impl<B> Provider<B> {
+    /// The provider `config` describes, served by `backend`.
+    pub fn configured(config: &jr_config::ProviderConfig, backend: B) -> Self {
+        Self {
+            name: config.name.clone(),
+            backend,
+            weight: config.weight,
+            max_runners: config.max_runners,
+            disabled: config.disabled,
+            tier: config.tier,
+        }
+    }
+}
+
 /// The burst tier's rules: the run-time switch (from the KV bucket `JR_PLACEMENT`, see
 /// [`crate::burst`]) and the configured protected jobs and wait threshold.
 pub struct Burst {
@@ -317,12 +331,9 @@ impl<B: Backend> Providers<B> {
 
     /// Refreshes the per-provider gauges.
     fn gauges(&self, state: &State) {
-        for i in 0..self.members.len() {
+        for (i, used) in used_all(state).into_iter().enumerate() {
             let labels = self.labels(i);
-            self.metrics
-                .used
-                .get_or_create(&labels)
-                .set(used(state, i) as i64);
+            self.metrics.used.get_or_create(&labels).set(used as i64);
             self.metrics
                 .reachable
                 .get_or_create(&labels)
@@ -332,6 +343,7 @@ impl<B: Backend> Providers<B> {
 
     pub fn stats(&self) -> Vec<ProviderStats> {
         let state = lock(&self.state);
+        let used = used_all(&state);
         self.members
             .iter()
             .enumerate()
@@ -339,7 +351,7 @@ impl<B: Backend> Providers<B> {
                 name: m.name.clone(),
                 placed: state.providers[i].placed,
                 full: state.providers[i].full,
-                used: used(&state, i),
+                used: used[i],
                 reachable: state.providers[i].unreachable_since.is_none(),
                 disabled: self.is_disabled(i),
             })
@@ -353,7 +365,7 @@ impl<B: Backend> Providers<B> {
     }
 
     /// The providers of `tier` as placement sees them.
-    fn views(&self, state: &State, tier: Tier) -> Vec<ProviderView> {
+    fn views(&self, state: &State, used: &[usize], tier: Tier) -> Vec<ProviderView> {
         self.members
             .iter()
             .enumerate()
@@ -363,7 +375,7 @@ impl<B: Backend> Providers<B> {
                 weight: m.weight,
                 max_runners: m.max_runners,
                 disabled: self.is_disabled(i),
-                used: used(state, i),
+                used: used[i],
                 reachable: state.providers[i].unreachable_since.is_none(),
                 full_until: state.providers[i].full_until,
             })
@@ -385,8 +397,9 @@ impl<B: Backend> Providers<B> {
                 .iter()
                 .any(|v| v.has_room(now) && !exclude.contains(&v.name))
         };
-        let defaults = self.views(state, Tier::Default);
-        let bursts = self.views(state, Tier::Burst);
+        let used = used_all(state);
+        let defaults = self.views(state, &used, Tier::Default);
+        let bursts = self.views(state, &used, Tier::Burst);
         let default_room = has_room(&defaults);
         let tier = if bursts.is_empty() {
             Tier::Default
@@ -481,13 +494,17 @@ impl<B: Backend> Providers<B> {
     }
 }
 
-fn used(state: &State, i: usize) -> usize {
-    state.providers[i].creating
-        + state
-            .known
-            .values()
-            .filter(|k| k.provider == i && k.observed.phase != WorkloadPhase::Gone)
-            .count()
+/// Workloads per provider (index order): those being created and those known and not gone.
+fn used_all(state: &State) -> Vec<usize> {
+    let mut used: Vec<usize> = state.providers.iter().map(|p| p.creating).collect();
+    for k in state.known.values() {
+        if k.observed.phase != WorkloadPhase::Gone
+            && let Some(n) = used.get_mut(k.provider)
+        {
+            *n += 1;
+        }
+    }
+    used
 }
 
 fn unknown(observed: &ObservedWorkload) -> ObservedWorkload {
@@ -530,14 +547,15 @@ impl<B: Backend> Backend for Providers<B> {
                 // Room left for other jobs (the burst tier is on and has room, but not for this
                 // one): pause briefly, not for a full provider's back-off.
                 let state = lock(&self.state);
-                let burst_on = self.burst.setting().enabled;
-                let room_for_others = self.members.iter().enumerate().any(|(i, m)| {
-                    (m.tier == Tier::Default || burst_on)
-                        && self.views(&state, m.tier).iter().any(|v| {
-                            v.name == self.members[i].name
-                                && v.has_room(now)
-                                && !exclude.contains(&v.name)
-                        })
+                let used = used_all(&state);
+                let mut tiers = vec![Tier::Default];
+                if self.burst.setting().enabled {
+                    tiers.push(Tier::Burst);
+                }
+                let room_for_others = tiers.into_iter().any(|tier| {
+                    self.views(&state, &used, tier)
+                        .iter()
+                        .any(|v| v.has_room(now) && !exclude.contains(&v.name))
                 });
                 if room_for_others {
                     return Err(BackendError::Wait {

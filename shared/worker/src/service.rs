@@ -67,14 +67,19 @@ pub async fn run_service<B: Backend>(
         .await
 }
 
-/// [`run_service`] for a backend made of providers: also registers the placement metrics and
-/// follows the run-time switches (burst tier, provider drains).
-pub async fn run_providers_service<B: Backend>(
+/// [`run_service`] for a backend whose work goes to `members`, one per configured provider (in
+/// `backend_cfg.providers` order): placement over them with the burst tier's rules and the fair
+/// shares of `backend_cfg`, its metrics registered and the run-time switches (burst tier,
+/// provider drains) followed.
+pub async fn run_with_providers<B: Backend>(
     p: jr_service::Process,
-    backend: crate::Providers<B>,
+    members: Vec<crate::Provider<B>>,
+    backend_cfg: &jr_config::BackendConfig,
     settings: WorkerSettings,
-    share: crate::FairShare,
 ) -> Result<(), WorkerError> {
+    let backend = crate::Providers::new(members, p.config.reconciler.unreachable_hold)
+        .with_burst(std::sync::Arc::new(burst_from_config(backend_cfg)));
+    let share = fair_share_from_config(backend_cfg);
     let metrics = backend.metrics();
     metrics.register(&mut p.metrics.registry());
     let switches = crate::burst::Switches {
@@ -113,7 +118,7 @@ pub fn fair_share_from_config(backend: &jr_config::BackendConfig) -> crate::Fair
 }
 
 /// The burst tier's rules of `[backend.<name>.burst]`.
-pub fn burst_from_config(backend: &jr_config::BackendConfig) -> crate::Burst {
+fn burst_from_config(backend: &jr_config::BackendConfig) -> crate::Burst {
     let burst = backend.burst.clone().unwrap_or_default();
     let protected = burst
         .protected

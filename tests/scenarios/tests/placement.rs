@@ -11,7 +11,7 @@ use jr_store::Store;
 
 const OTHER_NAMESPACE: &str = "jetrunner-jobs-b";
 
-fn providers(weight_a: u32, weight_b: u32, b_disabled: bool) -> String {
+fn providers(weight_a: u32, weight_b: u32) -> String {
     format!(
         r#"
 [[backend.pod.providers]]
@@ -22,7 +22,6 @@ kubernetes = {{ namespace = "{JOBS_NAMESPACE}" }}
 [[backend.pod.providers]]
 name = "b"
 weight = {weight_b}
-disabled = {b_disabled}
 kubernetes = {{ namespace = "{OTHER_NAMESPACE}" }}
 "#
     )
@@ -71,7 +70,7 @@ async fn two_providers_weighted_three_to_one_share_400_jobs_75_25() -> anyhow::R
     let mut system = System::start(SystemSpec {
         pod_capacity: 16,
         pod_executor_in_process: true,
-        extra_toml: providers(3, 1, false),
+        extra_toml: providers(3, 1),
         ..Default::default()
     })
     .await?;
@@ -96,7 +95,7 @@ async fn a_provider_answering_full_passes_work_to_the_other_without_spending_att
 -> anyhow::Result<()> {
     let mut system = System::start(SystemSpec {
         pod_capacity: 8,
-        extra_toml: providers(1, 3, false),
+        extra_toml: providers(1, 3),
         ..Default::default()
     })
     .await?;
@@ -136,7 +135,7 @@ async fn a_provider_drained_mid_run_gets_no_new_work_and_its_running_work_finish
 -> anyhow::Result<()> {
     let mut system = System::start(SystemSpec {
         pod_capacity: 8,
-        extra_toml: providers(1, 1, false),
+        extra_toml: providers(1, 1),
         ..Default::default()
     })
     .await?;

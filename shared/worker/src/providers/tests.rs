@@ -1,7 +1,5 @@
 use std::collections::BTreeMap;
 
-use jr_protocol::{AssignmentId, BackendName};
-
 use super::*;
 
 #[derive(Default)]
@@ -93,21 +91,7 @@ impl Backend for Fake {
 }
 
 fn spec(n: u32) -> WorkloadSpec {
-    WorkloadSpec {
-        assignment_id: AssignmentId(uuid::Uuid::from_u128(u128::from(n) + 1)),
-        attempt: 1,
-        backend: BackendName::new("pod").expect("test"),
-        provider: None,
-        labels: vec!["pod".into()],
-        max_duration: Duration::from_secs(60),
-        worker_id: "w".into(),
-        facade_url: "http://facade".into(),
-        executor_token: "t".into(),
-        repository: "acme/widgets".into(),
-        workflow: "ci".into(),
-        job_name: "build".into(),
-        fetched_at: 0,
-    }
+    crate::backend::test_spec(n)
 }
 
 fn provider(name: &str, weight: u32, fake: &Fake) -> Provider<Fake> {
