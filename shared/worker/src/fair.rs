@@ -199,45 +199,8 @@ impl<B: Backend> Backend for Fair<B> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
-
-    /// Creates everything; lists what it created.
-    #[derive(Default)]
-    struct Everything(Mutex<Vec<ObservedWorkload>>);
-
-    impl Backend for Arc<Everything> {
-        async fn create(&self, spec: &WorkloadSpec) -> Result<String, BackendError> {
-            let name = spec.name();
-            let mut all = self.0.lock().expect("lock");
-            all.push(ObservedWorkload {
-                workload: name.clone(),
-                assignment_id: spec.assignment_id,
-                attempt: spec.attempt,
-                phase: WorkloadPhase::Running,
-                reason: None,
-            });
-            Ok(name)
-        }
-        async fn delete(&self, workload: &str) -> Result<(), BackendError> {
-            self.0
-                .lock()
-                .expect("lock")
-                .retain(|o| o.workload != workload);
-            Ok(())
-        }
-        async fn list(&self) -> Result<Vec<ObservedWorkload>, BackendError> {
-            Ok(self.0.lock().expect("lock").clone())
-        }
-        async fn observe(
-            &self,
-            _tx: mpsc::Sender<ObservedWorkload>,
-            shutdown: impl Future<Output = ()> + Send + 'static,
-        ) {
-            shutdown.await;
-        }
-    }
+    use crate::providers::tests::Fake;
 
     fn spec(n: u32, repository: &str) -> WorkloadSpec {
         WorkloadSpec {
@@ -248,7 +211,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_repository_over_its_quota_waits_while_another_runs() {
-        let backend = Arc::new(Everything::default());
+        let backend = Fake::default();
         let fair = Fair::new(
             backend.clone(),
             FairShare {
@@ -281,13 +244,13 @@ mod tests {
         fair.create(&spec(3, "acme/big"))
             .await
             .expect("a3 after a1 ended");
-        assert_eq!(backend.0.lock().expect("lock").len(), 4);
+        assert_eq!(backend.with(|s| s.workloads.len()), 4);
     }
 
     #[tokio::test]
     async fn a_weighted_repository_gets_its_weight_times_the_quota() {
         let fair = Fair::new(
-            Arc::new(Everything::default()),
+            Fake::default(),
             FairShare {
                 per_repository: Some(1),
                 weights: [("acme/main".to_owned(), 3)].into(),
@@ -312,7 +275,7 @@ mod tests {
 
     #[tokio::test]
     async fn without_quotas_everything_is_admitted() {
-        let fair = Fair::new(Arc::new(Everything::default()), FairShare::default());
+        let fair = Fair::new(Fake::default(), FairShare::default());
         for n in 0..50 {
             fair.create(&spec(n, "acme/big")).await.expect("admitted");
         }

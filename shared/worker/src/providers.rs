@@ -769,4 +769,4 @@ impl<B: Backend> Backend for Providers<B> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -3,20 +3,20 @@ use std::collections::BTreeMap;
 use super::*;
 
 #[derive(Default)]
-struct Inner {
-    workloads: BTreeMap<String, ObservedWorkload>,
-    full: bool,
-    down: bool,
-    creates: u32,
-    deleted: Vec<String>,
+pub(crate) struct Inner {
+    pub(crate) workloads: BTreeMap<String, ObservedWorkload>,
+    pub(crate) full: bool,
+    pub(crate) down: bool,
+    pub(crate) creates: u32,
+    pub(crate) deleted: Vec<String>,
 }
 
-/// A provider in memory: creates succeed unless it is full (429-like) or down (transient).
+/// A backend in memory: creates succeed unless it is full (429-like) or down (transient).
 #[derive(Clone, Default)]
-struct Fake(Arc<Mutex<Inner>>);
+pub(crate) struct Fake(Arc<Mutex<Inner>>);
 
 impl Fake {
-    fn with<T>(&self, f: impl FnOnce(&mut Inner) -> T) -> T {
+    pub(crate) fn with<T>(&self, f: impl FnOnce(&mut Inner) -> T) -> T {
         f(&mut self.0.lock().expect("test"))
     }
 }
