@@ -8,6 +8,9 @@
 //!   bucket `JR_PLACEMENT`, key `burst`); `VALUE` is `off`, `on`, `on:<0-100>` or `<0-100>%`.
 //! - `jr provider drain|undrain BACKEND PROVIDER` sets a provider's run-time drain switch (key
 //!   `drain.<backend>.<provider>`): nothing new is placed there, running work finishes.
+//! - `jr status`, `jr job ID|TASK`, `jr quarantine list` read the reconciler's status API
+//!   (`--status-url`, `JR_STATUS_URL`): slots and queues per backend and provider, one job's
+//!   timeline, the quarantined messages. Each prints text, or the API's JSON with `--json`.
 
 use std::io::Read;
 use std::process::ExitCode;
@@ -49,6 +52,214 @@ enum Command {
         #[command(subcommand)]
         action: ProviderAction,
     },
+    /// Slots, queue and states per backend and provider, the burst switch, quarantine count.
+    Status {
+        #[command(flatten)]
+        api: StatusArgs,
+    },
+    /// One job's timeline: an assignment id, or a forge task id with `--forge`.
+    Job {
+        /// Assignment id (UUID) or forge task id (a number; needs `--forge`).
+        job: String,
+        /// The forge URL as configured (`forge.url`), to find a job by its forge task id.
+        #[arg(long, env = "JR_FORGE_URL")]
+        forge: Option<String>,
+        #[command(flatten)]
+        api: StatusArgs,
+    },
+    /// Messages the projection could not use.
+    Quarantine {
+        #[command(subcommand)]
+        action: QuarantineAction,
+    },
+}
+
+#[derive(Subcommand)]
+enum QuarantineAction {
+    /// The count and the most recent entries, newest first.
+    List {
+        #[command(flatten)]
+        api: StatusArgs,
+    },
+}
+
+#[derive(clap::Args, Clone)]
+struct StatusArgs {
+    /// Base URL of the reconciler's status endpoint (`reconciler.status_listen`).
+    #[arg(long, env = "JR_STATUS_URL", default_value = "http://127.0.0.1:8090")]
+    status_url: String,
+    /// Print the API's JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// GET `path` of the status API as JSON; the API's own error message when it refuses.
+async fn status_get(api: &StatusArgs, path: &str) -> anyhow::Result<serde_json::Value> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let url = format!("{}{path}", api.status_url.trim_end_matches('/'));
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()?;
+    let response = client
+        .get(&url)
+        .send()
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot reach the status API at {url}: {e}"))?;
+    let status = response.status();
+    let body: serde_json::Value = response
+        .json()
+        .await
+        .map_err(|e| anyhow::anyhow!("{url} did not answer JSON ({status}): {e}"))?;
+    if !status.is_success() {
+        let message = body["error"].as_str().unwrap_or("no reason given");
+        anyhow::bail!("{url}: {status}: {message}");
+    }
+    Ok(body)
+}
+
+fn print_json(value: &serde_json::Value) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(value)?);
+    Ok(())
+}
+
+async fn status(api: StatusArgs) -> anyhow::Result<()> {
+    let body = status_get(&api, "/api/status").await?;
+    if api.json {
+        return print_json(&body);
+    }
+    print!("{}", render_status(&body));
+    Ok(())
+}
+
+fn render_status(body: &serde_json::Value) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let empty = Vec::new();
+    for b in body["backends"].as_array().unwrap_or(&empty) {
+        let queue = b["queue_depth"]
+            .as_u64()
+            .map_or("?".to_owned(), |n| n.to_string());
+        let _ = writeln!(
+            out,
+            "backend {}: {} of {} slots used, {} waiting",
+            b["name"].as_str().unwrap_or("?"),
+            b["slots_used"].as_u64().unwrap_or(0),
+            b["capacity"].as_u64().unwrap_or(0),
+            queue
+        );
+        if let Some(providers) = b["providers"].as_object().filter(|p| !p.is_empty()) {
+            let list: Vec<String> = providers
+                .iter()
+                .map(|(name, used)| format!("{name} {}", used.as_u64().unwrap_or(0)))
+                .collect();
+            let _ = writeln!(out, "  providers (slots used): {}", list.join(", "));
+        }
+        if let Some(states) = b["states"].as_object().filter(|s| !s.is_empty()) {
+            let list: Vec<String> = states
+                .iter()
+                .map(|(state, n)| format!("{state} {}", n.as_u64().unwrap_or(0)))
+                .collect();
+            let _ = writeln!(out, "  assignments: {}", list.join(", "));
+        }
+    }
+    let burst = &body["burst"];
+    let shown = burst["value"].as_str().unwrap_or("(unset)");
+    if burst["enabled"].as_bool() == Some(true) {
+        let _ = writeln!(
+            out,
+            "burst {shown}: on for {}% of eligible jobs",
+            burst["percent"].as_u64().unwrap_or(0)
+        );
+    } else if burst["invalid"].as_bool() == Some(true) {
+        let _ = writeln!(out, "burst {shown}: not valid, workers treat it as off");
+    } else {
+        let _ = writeln!(out, "burst {shown}: off");
+    }
+    let _ = writeln!(
+        out,
+        "quarantined messages: {}",
+        body["quarantined"].as_u64().unwrap_or(0)
+    );
+    out
+}
+
+/// The assignment id of `job`: a UUID as given, or a forge task id on `forge`.
+fn assignment_id(job: &str, forge: Option<&str>) -> anyhow::Result<jr_protocol::AssignmentId> {
+    if let Ok(id) = job.parse::<jr_protocol::AssignmentId>() {
+        return Ok(id);
+    }
+    let task: i64 = job.parse().map_err(|_| {
+        anyhow::anyhow!("{job:?} is neither an assignment id (UUID) nor a forge task id")
+    })?;
+    let forge = forge.ok_or_else(|| {
+        anyhow::anyhow!("a forge task id needs --forge (or JR_FORGE_URL): the forge URL as configured")
+    })?;
+    Ok(jr_protocol::AssignmentId::for_task(forge, task))
+}
+
+async fn job(job: String, forge: Option<String>, api: StatusArgs) -> anyhow::Result<()> {
+    let id = assignment_id(&job, forge.as_deref())?;
+    let body = status_get(&api, &format!("/api/assignments/{id}")).await?;
+    if api.json {
+        return print_json(&body);
+    }
+    print!("{}", render_timeline(&body));
+    Ok(())
+}
+
+fn render_timeline(body: &serde_json::Value) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let _ = writeln!(out, "assignment {}", body["assignment"].as_str().unwrap_or("?"));
+    let empty = Vec::new();
+    let entries = body["timeline"].as_array().unwrap_or(&empty);
+    let start = entries.first().and_then(|e| e["at"].as_u64()).unwrap_or(0);
+    for e in entries {
+        let at = e["at"].as_u64().unwrap_or(0);
+        let attempt = e["attempt"]
+            .as_u64()
+            .map_or(String::new(), |a| format!("#{a}"));
+        let detail = e["detail"].as_str().unwrap_or("");
+        let _ = writeln!(
+            out,
+            "  +{:>9.3}s {:<4} {:<20} {detail}",
+            at.saturating_sub(start) as f64 / 1000.0,
+            attempt,
+            e["step"].as_str().unwrap_or("?"),
+        );
+    }
+    out
+}
+
+async fn quarantine(action: QuarantineAction) -> anyhow::Result<()> {
+    let QuarantineAction::List { api } = action;
+    let body = status_get(&api, "/api/quarantine").await?;
+    if api.json {
+        return print_json(&body);
+    }
+    print!("{}", render_quarantine(&body));
+    Ok(())
+}
+
+fn render_quarantine(body: &serde_json::Value) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let count = body["count"].as_u64().unwrap_or(0);
+    let empty = Vec::new();
+    let recent = body["recent"].as_array().unwrap_or(&empty);
+    let _ = writeln!(out, "{count} quarantined message(s); newest first:");
+    for q in recent {
+        let _ = writeln!(
+            out,
+            "  {} seq {} on {} ({} bytes): {}",
+            q["stream"].as_str().unwrap_or("?"),
+            q["seq"].as_u64().unwrap_or(0),
+            q["subject"].as_str().unwrap_or("?"),
+            q["raw_size"].as_u64().unwrap_or(0),
+            q["reason"].as_str().unwrap_or("?"),
+        );
+    }
+    out
 }
 
 #[derive(Subcommand)]
@@ -257,6 +468,13 @@ fn main() -> ExitCode {
         Command::Provider { nats, action } => {
             runtime().and_then(|rt| rt.block_on(provider(nats, action)))
         }
+        Command::Status { api } => runtime().and_then(|rt| rt.block_on(status(api))),
+        Command::Job { job: j, forge, api } => {
+            runtime().and_then(|rt| rt.block_on(job(j, forge, api)))
+        }
+        Command::Quarantine { action } => {
+            runtime().and_then(|rt| rt.block_on(quarantine(action)))
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -264,5 +482,45 @@ fn main() -> ExitCode {
             eprintln!("jr: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_job_is_found_by_assignment_id_or_by_forge_task() {
+        let id = jr_protocol::AssignmentId::for_task("https://forge.test", 42);
+        assert_eq!(assignment_id(&id.to_string(), None).expect("uuid"), id);
+        assert_eq!(
+            assignment_id("42", Some("https://forge.test/")).expect("task"),
+            id
+        );
+        assert!(assignment_id("42", None).is_err(), "a task id needs the forge");
+        assert!(assignment_id("x42", Some("https://forge.test")).is_err());
+    }
+
+    #[test]
+    fn text_renderings_show_the_figures() {
+        let status = serde_json::json!({
+            "backends": [{"name": "pod", "capacity": 4, "slots_used": 3, "queue_depth": 7,
+                          "states": {"running": 2}, "providers": {"east": 2, "west": 1}}],
+            "quarantined": 5,
+            "burst": {"value": "on:30", "enabled": true, "percent": 30, "invalid": false}
+        });
+        let text = render_status(&status);
+        assert!(text.contains("backend pod: 3 of 4 slots used, 7 waiting"), "{text}");
+        assert!(text.contains("east 2, west 1"), "{text}");
+        assert!(text.contains("burst on:30: on for 30% of eligible jobs"), "{text}");
+        assert!(text.contains("quarantined messages: 5"), "{text}");
+        let timeline = serde_json::json!({"assignment": "a", "timeline": [
+            {"at": 1000, "attempt": 1, "step": "fetched", "detail": null},
+            {"at": 3500, "attempt": 1, "step": "claimed", "detail": "token"}]});
+        let text = render_timeline(&timeline);
+        assert!(text.contains("+    2.500s #1   claimed"), "{text}");
+        let q = serde_json::json!({"count": 1, "recent": [{"stream": "JR_EVENTS", "seq": 9,
+            "subject": "jr.event.x", "raw_size": 3, "reason": "undecodable"}]});
+        assert!(render_quarantine(&q).contains("JR_EVENTS seq 9 on jr.event.x (3 bytes): undecodable"));
     }
 }

@@ -37,6 +37,9 @@ pub struct JetStreamLedger {
     /// Tells the scheduler's own assignments from anything else stored on their subjects.
     sealer: Arc<Sealer>,
     sticky: Mutex<HashMap<AssignmentId, Sticky>>,
+    /// Whether views carry the token hash workers publish (a facade without token keys checks
+    /// tokens against it). A facade with the keys skips those reads.
+    token_hashes: bool,
 }
 
 impl JetStreamLedger {
@@ -52,7 +55,19 @@ impl JetStreamLedger {
             unclaimed,
             sealer,
             sticky: Mutex::new(HashMap::new()),
+            token_hashes: true,
         }
+    }
+
+    /// Whether lookups read the token hash of the current attempt (default true).
+    pub fn reading_token_hashes(mut self, read: bool) -> Self {
+        self.token_hashes = read;
+        self
+    }
+
+    /// Whether `view` has everything the facade needs to check its executor.
+    fn checkable(&self, view: &AssignmentView) -> bool {
+        !self.token_hashes || view.token_hash.is_some()
     }
 
     fn sticky(&self, id: AssignmentId) -> Sticky {
@@ -167,7 +182,12 @@ impl Ledger for JetStreamLedger {
             };
             let attempt = envelope.attempt;
             let mut token_hash = None;
-            for kind in [Kind::WorkloadCreated, Kind::WorkloadRequested] {
+            let hash_sources: &[Kind] = if self.token_hashes {
+                &[Kind::WorkloadCreated, Kind::WorkloadRequested]
+            } else {
+                &[]
+            };
+            for &kind in hash_sources {
                 if let Some(e) = self
                     .last(STREAM_EVENTS, &subject::event(backend, id, kind))
                     .await?
@@ -207,8 +227,7 @@ impl Ledger for JetStreamLedger {
             };
             // Claimed by the current attempt with its token known: nothing but `terminal` can
             // change any more.
-            let settled =
-                claimed_attempt == Some(attempt) && view.token_hash.is_some() && !terminal;
+            let settled = claimed_attempt == Some(attempt) && self.checkable(&view) && !terminal;
             self.remember(id, |s| {
                 s.claimed |= claimed;
                 s.terminal |= terminal;
@@ -246,7 +265,7 @@ impl Ledger for JetStreamLedger {
         self.remember(view.id, |s| {
             s.claimed = true;
             // This executor's attempt won the claim: its view is settled (see `Sticky`).
-            if won && view.token_hash.is_some() {
+            if won && self.checkable(view) {
                 s.claimed_view = Some(AssignmentView {
                     claimed: true,
                     ..view.clone()

@@ -84,7 +84,7 @@ pub fn token_keys_from_config(
         tracing::warn!(
             ?unkeyed,
             ?missing,
-            "the facade has no token key for some backends: it trusts the token hashes workers publish; give the scheduler every worker's token_key(_file)"
+            "the facade has no token key for some backends: it trusts the token hashes workers publish; give the scheduler every worker's token_key(_file), or set publish_requested on the workers"
         );
         keys.clear();
     }
@@ -162,19 +162,25 @@ pub async fn run(
         unclaimed: unclaimed.clone(),
         stats: Default::default(),
     });
+    let token_keys = token_keys_from_config(&config)?;
+    let mode: crate::facade::AuthMode = config.facade.mode.into();
+    // With every worker's token key the facade checks tokens itself and never needs the hashes
+    // workers may publish.
+    let reads_token_hashes = mode.uses_token() && token_keys.is_empty();
     let facade = Arc::new(Facade::new(
         FacadeSettings {
-            mode: config.facade.mode.into(),
+            mode,
             trust_domain: config.facade.trust_domain.clone(),
             forges: forges.clone(),
             forge_base_url: config.forge.url.clone(),
             sealer: sealer.clone(),
-            token_keys: token_keys_from_config(&config)?,
+            token_keys,
             limits: (&config.facade).into(),
             spiffe_path: config.facade.spiffe_path.clone(),
             insecure_plain_http: config.facade.insecure_plain_http,
         },
-        JetStreamLedger::new(bus.clone(), backends, unclaimed.clone(), sealer.clone()),
+        JetStreamLedger::new(bus.clone(), backends, unclaimed.clone(), sealer.clone())
+            .reading_token_hashes(reads_token_hashes),
     )?);
     if let Some(metrics) = metrics {
         metrics

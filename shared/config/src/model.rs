@@ -575,6 +575,11 @@ pub struct WorkerConfig {
     /// announced (default 60 s).
     #[serde(default, with = "humantime_serde")]
     pub stray_grace: Option<Duration>,
+    /// Publish `workload-requested` (the executor token's hash) before every create call.
+    /// Only a scheduler without this worker's token key needs it (it then checks executors
+    /// against the hashes workers publish); default false.
+    #[serde(default)]
+    pub publish_requested: bool,
 }
 
 #[derive(Clone, Debug, Deserialize)]

@@ -38,6 +38,8 @@ pub struct WorkerSettings {
     pub resync_interval: Duration,
     /// How long a workload found without a create of ours exists before it is announced.
     pub stray_grace: Duration,
+    /// Publish `workload-requested` before each create (for a facade without the token key).
+    pub publish_requested: bool,
 }
 
 impl WorkerSettings {
@@ -153,28 +155,8 @@ impl<B: Backend> Io<B> {
         }
     }
 
-    fn spec(&self, a: &Assignment, key: AttemptKey) -> WorkloadSpec {
-        WorkloadSpec {
-            assignment_id: key.assignment,
-            attempt: key.attempt,
-            backend: self.settings.backend.clone(),
-            provider: a.provider.clone(),
-            labels: a.labels.clone(),
-            max_duration: Duration::from_secs(a.remaining_secs(now_ms()).max(60)),
-            worker_id: self.settings.worker_id.clone(),
-            facade_url: self.settings.facade_url.clone(),
-            executor_token: self.settings.token_key.token(key.assignment, key.attempt),
-            repository: a.repository.clone(),
-            workflow: a.workflow.clone().unwrap_or_default(),
-            job_name: a.job_name.clone(),
-            fetched_at: a.fetched_at,
-        }
-    }
-
-    /// `workload-requested` (the token hash is durable before anything can present the
-    /// token), then the create call.
-    async fn create(self, spec: WorkloadSpec) -> CreateAnswer {
-        let key = AttemptKey::new(spec.assignment_id, spec.attempt);
+    /// Publishes `workload-requested`; an answer for the create when that failed.
+    async fn publish_requested(&self, key: AttemptKey) -> Option<CreateAnswer> {
         let requested = Envelope::new(
             msg_id::workload_requested(key.assignment, key.attempt),
             now_ms(),
@@ -194,9 +176,39 @@ impl<B: Backend> Io<B> {
         );
         if let Err(error) = self.bus.publish(&subject, &requested).await {
             tracing::warn!(%key, %error, "cannot publish workload-requested");
-            return CreateAnswer::Transient {
+            return Some(CreateAnswer::Transient {
                 retry_after: Some(REPUBLISH_DELAY),
-            };
+            });
+        }
+        None
+    }
+
+    fn spec(&self, a: &Assignment, key: AttemptKey) -> WorkloadSpec {
+        WorkloadSpec {
+            assignment_id: key.assignment,
+            attempt: key.attempt,
+            backend: self.settings.backend.clone(),
+            provider: a.provider.clone(),
+            labels: a.labels.clone(),
+            max_duration: Duration::from_secs(a.remaining_secs(now_ms()).max(60)),
+            worker_id: self.settings.worker_id.clone(),
+            facade_url: self.settings.facade_url.clone(),
+            executor_token: self.settings.token_key.token(key.assignment, key.attempt),
+            repository: a.repository.clone(),
+            workflow: a.workflow.clone().unwrap_or_default(),
+            job_name: a.job_name.clone(),
+            fetched_at: a.fetched_at,
+        }
+    }
+
+    /// The create call, after `workload-requested` when asked for (the token hash is durable
+    /// before anything can present the token, for a facade that checks hashes).
+    async fn create(self, spec: WorkloadSpec) -> CreateAnswer {
+        let key = AttemptKey::new(spec.assignment_id, spec.attempt);
+        if self.settings.publish_requested
+            && let Some(answer) = self.publish_requested(key).await
+        {
+            return answer;
         }
         match self.backend.create(&spec).await {
             Ok(workload) => {

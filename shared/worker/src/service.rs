@@ -45,6 +45,7 @@ pub fn settings_from_config(
         token_key,
         resync_interval: section.resync_interval.unwrap_or(Duration::from_secs(15)),
         stray_grace: section.stray_grace.unwrap_or(Duration::from_secs(60)),
+        publish_requested: section.publish_requested,
     };
     Ok((settings, backend_cfg))
 }

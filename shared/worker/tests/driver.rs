@@ -97,6 +97,7 @@ fn settings() -> WorkerSettings {
             .expect("key"),
         resync_interval: Duration::from_secs(60),
         stray_grace: Duration::from_secs(60),
+        publish_requested: false,
     }
 }
 

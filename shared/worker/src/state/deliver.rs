@@ -194,7 +194,10 @@ impl WorkerState {
                         let (phase, reason) = found
                             .map(|w| (w.phase, w.reason))
                             .unwrap_or((WorkloadPhase::Pending, None));
-                        if phase != WorkloadPhase::Pending || reason.is_some() {
+                        // `workload-created` implies "pending"; anything the backend showed
+                        // since is published only if it is news to the reconciler.
+                        let observed = (phase, reason.clone());
+                        if !super::track::same_news(&observed, &(WorkloadPhase::Pending, None)) {
                             events.push(Event::Observed {
                                 key,
                                 workload: name.clone(),
@@ -204,14 +207,7 @@ impl WorkerState {
                         }
                         self.workloads.insert(
                             name.clone(),
-                            super::Workload {
-                                key,
-                                phase,
-                                reason,
-                                stage: Stage::Live,
-                                since: now,
-                                updated: now,
-                            },
+                            super::Workload::new(key, phase, reason, Stage::Live, now),
                         );
                         fx.push(Effect::Remember {
                             key,

@@ -347,3 +347,128 @@ fn a_deleted_workload_is_released_once_when_gone() {
     assert_eq!(settled(&fx), Some(Disposition::Ack));
     assert!(!fx.iter().any(|e| matches!(e, Effect::Create { .. })));
 }
+
+fn observations(fx: &[Effect]) -> Vec<(WorkloadPhase, Option<String>)> {
+    fx.iter()
+        .flat_map(|e| match e {
+            Effect::Publish(ev) => vec![ev],
+            Effect::Confirm { events, .. } => events.iter().collect(),
+            _ => vec![],
+        })
+        .filter_map(|ev| match ev {
+            Event::Observed { phase, reason, .. } => Some((*phase, reason.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A live workload `w1` of key(1, 1), created at `now`.
+fn live(now: Instant) -> WorkerState {
+    let mut s = ready(2, now);
+    deliver(&mut s, 1, key(1, 1), BusFacts::default(), now);
+    s.on(
+        Input::CreateAnswered {
+            delivery: DeliveryId(1),
+            key: key(1, 1),
+            answer: CreateAnswer::Created("w1".into()),
+        },
+        now,
+    );
+    s
+}
+
+#[test]
+fn only_news_to_the_reconciler_is_published() {
+    let now = Instant::now();
+    let mut s = live(now);
+    let observe = |s: &mut WorkerState, phase, reason: Option<&str>| {
+        let mut o = seen(key(1, 1), "w1", phase);
+        o.reason = reason.map(str::to_owned);
+        observations(&s.on(Input::Observed(o), now))
+    };
+    // Pending → running: `workload-created` already said it is healthy.
+    assert_eq!(observe(&mut s, WorkloadPhase::Running, None), vec![]);
+    // A problem reason is news, and so is its end.
+    assert_eq!(
+        observe(&mut s, WorkloadPhase::Pending, Some("image-pull-failed")),
+        vec![(WorkloadPhase::Pending, Some("image-pull-failed".into()))]
+    );
+    assert_eq!(
+        observe(&mut s, WorkloadPhase::Running, None),
+        vec![(WorkloadPhase::Running, None)]
+    );
+    // Unknown and failed are published at once.
+    assert_eq!(
+        observe(&mut s, WorkloadPhase::Unknown, None),
+        vec![(WorkloadPhase::Unknown, None)]
+    );
+    assert_eq!(
+        observe(&mut s, WorkloadPhase::Running, None),
+        vec![(WorkloadPhase::Running, None)]
+    );
+    assert_eq!(
+        observe(&mut s, WorkloadPhase::Failed, Some("oom-killed")),
+        vec![(WorkloadPhase::Failed, Some("oom-killed".into()))]
+    );
+}
+
+#[test]
+fn an_exit_is_held_and_dropped_when_a_delete_overtakes_it() {
+    let now = Instant::now();
+    let delay = StateConfig::new(1).exit_report_delay;
+    // Exit, then the reconciler's delete within the delay: only `released` is said.
+    let mut s = live(now);
+    let mut all = s.on(
+        Input::Observed(seen(key(1, 1), "w1", WorkloadPhase::Succeeded)),
+        now,
+    );
+    all.extend(s.on(Input::Tick, now + delay / 2));
+    all.extend(s.on(
+        Input::DeleteRequested {
+            delivery: DeliveryId(2),
+            key: key(1, 1),
+            workload: "w1".into(),
+        },
+        now + delay / 2,
+    ));
+    all.extend(s.on(Input::Tick, now + delay * 3));
+    all.extend(s.on(
+        Input::Observed(seen(key(1, 1), "w1", WorkloadPhase::Gone)),
+        now + delay * 3,
+    ));
+    assert_eq!(observations(&all), vec![], "{all:?}");
+    assert!(
+        all.iter()
+            .any(|e| matches!(e, Effect::Publish(Event::Released { .. }))),
+        "{all:?}"
+    );
+
+    // Exit and no delete: published once the delay has passed, and only once.
+    let mut s = live(now);
+    let fx = s.on(
+        Input::Observed(seen(key(1, 1), "w1", WorkloadPhase::Succeeded)),
+        now,
+    );
+    assert_eq!(observations(&fx), vec![]);
+    assert_eq!(observations(&s.on(Input::Tick, now + delay / 2)), vec![]);
+    assert_eq!(
+        observations(&s.on(Input::Tick, now + delay)),
+        vec![(WorkloadPhase::Succeeded, None)]
+    );
+    assert_eq!(observations(&s.on(Input::Tick, now + delay * 2)), vec![]);
+
+    // An exit that turns into a failure is published at once.
+    let mut s = live(now);
+    s.on(
+        Input::Observed(seen(key(1, 1), "w1", WorkloadPhase::Succeeded)),
+        now,
+    );
+    assert_eq!(
+        observations(&s.on(
+            Input::Observed(seen(key(1, 1), "w1", WorkloadPhase::Failed)),
+            now
+        )),
+        vec![(WorkloadPhase::Failed, None)]
+    );
+    assert_eq!(observations(&s.on(Input::Tick, now + delay * 2)), vec![]);
+}

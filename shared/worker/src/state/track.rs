@@ -2,7 +2,7 @@
 //! the timers (announcing strays, forgetting old facts, resyncing).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use jr_protocol::{Reason, WorkloadPhase};
 
@@ -58,14 +58,7 @@ impl WorkerState {
             };
             self.workloads.insert(
                 o.workload,
-                Workload {
-                    key,
-                    phase: o.phase,
-                    reason: o.reason,
-                    stage,
-                    since: now,
-                    updated: now,
-                },
+                Workload::new(key, o.phase, o.reason, stage, now),
             );
         }
     }
@@ -85,14 +78,7 @@ impl WorkerState {
         if let Some(creating) = self.creating.get_mut(&key) {
             creating.seen.insert(
                 o.workload,
-                Workload {
-                    key,
-                    phase: o.phase,
-                    reason: o.reason,
-                    stage: Stage::Live,
-                    since: now,
-                    updated: now,
-                },
+                Workload::new(key, o.phase, o.reason, Stage::Live, now),
             );
             return;
         }
@@ -104,39 +90,21 @@ impl WorkerState {
                 self.gone(&o.workload, now, fx);
                 return;
             }
-            let changed = w.phase != o.phase || w.reason != o.reason;
-            // Terminating because we deleted it on the reconciler's command tells nobody
-            // anything: `released` follows when it is gone.
-            let own_delete =
-                o.phase == WorkloadPhase::Terminating && matches!(w.stage, Stage::Deleting { .. });
             w.phase = o.phase;
-            w.reason = o.reason.clone();
+            w.reason = o.reason;
             w.updated = now;
-            if changed && w.is_announced() && !own_delete {
-                fx.push(Effect::Publish(Event::Observed {
-                    key: w.key,
-                    workload: o.workload,
-                    phase: o.phase,
-                    reason: o.reason,
-                }));
-            }
+            report(w, &o.workload, self.cfg.exit_report_delay, now, fx);
             return;
         }
         if o.phase == WorkloadPhase::Gone {
             return;
         }
+        let stage = Stage::Stray {
+            announce_at: now + self.cfg.stray_grace,
+        };
         self.workloads.insert(
             o.workload,
-            Workload {
-                key,
-                phase: o.phase,
-                reason: o.reason,
-                stage: Stage::Stray {
-                    announce_at: now + self.cfg.stray_grace,
-                },
-                since: now,
-                updated: now,
-            },
+            Workload::new(key, o.phase, o.reason, stage, now),
         );
     }
 
@@ -212,6 +180,8 @@ impl WorkerState {
             {
                 // It stayed: a real workload of ours the reconciler must know about.
                 w.stage = Stage::Live;
+                w.reported = (w.phase, w.reason.clone());
+                w.report_at = None;
                 promoted.push(w.key);
                 fx.push(Effect::Remember {
                     key: w.key,
@@ -227,6 +197,14 @@ impl WorkerState {
         }
         for key in promoted {
             self.had_workload(key, now);
+        }
+        for (name, w) in self.workloads.iter_mut() {
+            if w.report_at.is_some_and(|at| at <= now) {
+                w.report_at = None;
+                if w.stage == Stage::Live {
+                    publish_observation(w, name, fx);
+                }
+            }
         }
         self.released.retain(|_, (_, forget_at)| *forget_at > now);
         let memory = self.cfg.memory;
@@ -246,4 +224,58 @@ impl WorkerState {
             fx.push(Effect::List);
         }
     }
+}
+
+/// Whether the reconciler would read `a` and `b` alike: pending, running and terminating
+/// (without a reason that explains a problem) all mean "healthy", so moving between them tells
+/// it nothing; any other phase, and any change of reason, is news.
+pub(super) fn same_news(
+    a: &(WorkloadPhase, Option<String>),
+    b: &(WorkloadPhase, Option<String>),
+) -> bool {
+    let healthy = |p: WorkloadPhase| {
+        matches!(
+            p,
+            WorkloadPhase::Pending | WorkloadPhase::Running | WorkloadPhase::Terminating
+        )
+    };
+    a.1 == b.1 && (a.0 == b.0 || (healthy(a.0) && healthy(b.0)))
+}
+
+/// Publishes what changed about an announced workload, if it is news to the reconciler. The
+/// exit of a live workload is held for `exit_delay` (a `delete-workload` usually overtakes
+/// it); while a delete is under way, its expected outcomes (terminating, exited) are not news
+/// either: `released` follows.
+fn report(w: &mut Workload, name: &str, exit_delay: Duration, now: Instant, fx: &mut Vec<Effect>) {
+    let current = (w.phase, w.reason.clone());
+    if !w.is_announced() || same_news(&current, &w.reported) {
+        w.report_at = None;
+        return;
+    }
+    let exited = w.phase == WorkloadPhase::Succeeded && w.reason.is_none();
+    match w.stage {
+        Stage::Deleting { .. }
+            if exited || (w.phase == WorkloadPhase::Terminating && w.reason.is_none()) =>
+        {
+            w.report_at = None;
+        }
+        Stage::Live if exited => {
+            w.report_at.get_or_insert(now + exit_delay);
+        }
+        _ => publish_observation(w, name, fx),
+    }
+}
+
+fn publish_observation(w: &mut Workload, name: &str, fx: &mut Vec<Effect>) {
+    w.report_at = None;
+    if same_news(&(w.phase, w.reason.clone()), &w.reported) {
+        return;
+    }
+    w.reported = (w.phase, w.reason.clone());
+    fx.push(Effect::Publish(Event::Observed {
+        key: w.key,
+        workload: name.to_owned(),
+        phase: w.phase,
+        reason: w.reason.clone(),
+    }));
 }

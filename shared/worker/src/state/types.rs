@@ -220,9 +220,34 @@ pub struct Workload {
     pub since: Instant,
     /// When its phase was last updated; an older listing does not overwrite it.
     pub updated: Instant,
+    /// The phase and reason the reconciler last heard of it (published, or implied by
+    /// `workload-created`: pending).
+    pub reported: (WorkloadPhase, Option<String>),
+    /// When a held report of its exit is due (see [`StateConfig::exit_report_delay`]).
+    pub report_at: Option<Instant>,
 }
 
 impl Workload {
+    /// Tracked from `now` in `stage`, as observed.
+    pub fn new(
+        key: AttemptKey,
+        phase: WorkloadPhase,
+        reason: Option<String>,
+        stage: Stage,
+        now: Instant,
+    ) -> Self {
+        Self {
+            key,
+            reported: (phase, reason.clone()),
+            phase,
+            reason,
+            stage,
+            since: now,
+            updated: now,
+            report_at: None,
+        }
+    }
+
     pub fn is_announced(&self) -> bool {
         match self.stage {
             Stage::Stray { .. } => false,
@@ -245,6 +270,11 @@ pub struct StateConfig {
     pub busy_retry: Duration,
     /// Nak delay after a transient create failure without a Retry-After.
     pub transient_retry: Duration,
+    /// How long the exit of a live workload is held back before it is published. An executor
+    /// exits right after reporting its job's result, and the reconciler's `delete-workload`
+    /// follows within moments: an exit that a delete overtakes tells nobody anything, so in
+    /// the usual case nothing is published for it and `released` is the only word.
+    pub exit_report_delay: Duration,
 }
 
 impl StateConfig {
@@ -256,6 +286,7 @@ impl StateConfig {
             memory: Duration::from_secs(1800),
             busy_retry: Duration::from_secs(1),
             transient_retry: Duration::from_secs(5),
+            exit_report_delay: Duration::from_secs(2),
         }
     }
 }

@@ -1,0 +1,166 @@
+//! The operator's `jr` commands against a running system: `jr status`, `jr job` (by assignment
+//! id and by forge task id) and `jr quarantine list`, in text and `--json`, checked against
+//! what the system did. Needs `cargo build --workspace --bins` first; run with
+//! `--test-threads=1`.
+
+use std::time::Duration;
+
+use jr_scenarios::{System, SystemSpec};
+
+/// Runs `jr <args…> --status-url <the system's status API>`; stdout, or stderr on failure.
+fn jr(system: &System, args: &[&str]) -> anyhow::Result<Result<String, String>> {
+    let out = std::process::Command::new(jr_scenarios::process::binary("jr")?)
+        .args(args)
+        .args([
+            "--status-url",
+            &format!("http://127.0.0.1:{}", system.ports.status),
+        ])
+        .output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    Ok(if out.status.success() {
+        Ok(stdout)
+    } else {
+        Err(stderr)
+    })
+}
+
+fn ok(result: anyhow::Result<Result<String, String>>) -> anyhow::Result<String> {
+    result?.map_err(|stderr| anyhow::anyhow!("jr failed: {stderr}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn jr_status_job_and_quarantine_show_what_the_system_did() -> anyhow::Result<()> {
+    let mut system = System::start(SystemSpec {
+        pod_capacity: 3,
+        vm_capacity: 2,
+        ..Default::default()
+    })
+    .await?;
+    let jobs = system.forge.enqueue_jobs(
+        jr_fake_forge::JobSpec {
+            repo: "acme/widgets".into(),
+            name: "build".into(),
+            runs_on: vec!["pod".into()],
+            steps: 2,
+            ..Default::default()
+        },
+        2,
+    );
+    if let Err(e) = system.wait_all_final(Duration::from_secs(60)).await {
+        anyhow::bail!("{e}\n{}", system.logs());
+    }
+    system.wait_no_workloads(Duration::from_secs(60)).await?;
+
+    // A message the projection cannot use, published by someone with rights on the bus.
+    let client = jr_bus::async_nats::connect(system.nats.url()).await?;
+    let js = jr_bus::async_nats::jetstream::new(client);
+    let poison_subject = format!(
+        "jr.event.pod.{}.claimed",
+        jr_protocol::AssignmentId::for_task("https://elsewhere", 1)
+    );
+    js.publish(poison_subject.clone(), b"not cbor".to_vec().into())
+        .await?
+        .await?;
+
+    // `jr status`: the configured capacities, nothing held once every job ended; the text
+    // form says the same.
+    let status: serde_json::Value = serde_json::from_str(&ok(jr(&system, &["status", "--json"]))?)?;
+    let backends = status["backends"].as_array().cloned().unwrap_or_default();
+    let capacity = |name: &str| {
+        backends
+            .iter()
+            .find(|b| b["name"] == name)
+            .and_then(|b| b["capacity"].as_u64())
+    };
+    assert_eq!(capacity("pod"), Some(3), "{status}");
+    assert_eq!(capacity("vm"), Some(2), "{status}");
+    assert!(
+        backends.iter().all(|b| b["slots_used"] == 0),
+        "slots held after every job ended: {status}"
+    );
+    let text = ok(jr(&system, &["status"]))?;
+    assert!(text.contains("backend pod: 0 of 3 slots used"), "{text}");
+    assert!(text.contains("backend vm: 0 of 2 slots used"), "{text}");
+
+    // `jr job` by forge task id: the whole life of the job, fetch to release.
+    let snapshot = system.forge.snapshot();
+    let task = snapshot
+        .job(jobs[0])
+        .and_then(|j| j.task_ids.first().copied())
+        .ok_or_else(|| anyhow::anyhow!("the job has no task"))?;
+    let task = task.to_string();
+    let forge = system.forge.url().to_owned();
+    let by_task: serde_json::Value = serde_json::from_str(&ok(jr(
+        &system,
+        &["job", &task, "--forge", &forge, "--json"],
+    ))?)?;
+    let steps: Vec<String> = by_task["timeline"]
+        .as_array()
+        .map(|t| {
+            t.iter()
+                .filter_map(|e| e["step"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    for step in ["fetched", "claimed", "released"] {
+        assert!(
+            steps.iter().any(|s| s.contains(step)),
+            "no {step} in {steps:?}"
+        );
+    }
+    let id = by_task["assignment"]
+        .as_str()
+        .ok_or_else(|| anyhow::anyhow!("no assignment id: {by_task}"))?;
+    assert_eq!(
+        id,
+        jr_protocol::AssignmentId::for_task(&forge, task.parse()?).to_string()
+    );
+    let text = ok(jr(&system, &["job", id]))?;
+    assert!(text.starts_with(&format!("assignment {id}")), "{text}");
+    assert!(text.contains("claimed"), "{text}");
+    // An unknown job is an error with the API's reason.
+    let unknown = jr(&system, &["job", "999999", "--forge", &forge])?;
+    assert!(
+        unknown
+            .as_ref()
+            .is_err_and(|e| e.contains("unknown assignment")),
+        "{unknown:?}"
+    );
+
+    // `jr quarantine list`: the poison message, once the projector has read it.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let quarantine = loop {
+        let q: serde_json::Value =
+            serde_json::from_str(&ok(jr(&system, &["quarantine", "list", "--json"]))?)?;
+        if q["count"].as_u64().unwrap_or(0) >= 1 {
+            break q;
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the poison message was never quarantined: {q}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(
+        quarantine["recent"]
+            .as_array()
+            .is_some_and(|r| r.iter().any(|e| e["subject"] == poison_subject.as_str())),
+        "{quarantine}"
+    );
+    let text = ok(jr(&system, &["quarantine", "list"]))?;
+    assert!(text.contains(&poison_subject), "{text}");
+
+    // A status API that is not there is a clear error, not a hang or a panic.
+    let out = std::process::Command::new(jr_scenarios::process::binary("jr")?)
+        .args(["status", "--status-url", "http://127.0.0.1:9"])
+        .output()?;
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("cannot reach the status API"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(system.violations().is_empty(), "{:?}", system.violations());
+    Ok(())
+}
