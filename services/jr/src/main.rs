@@ -192,7 +192,9 @@ fn assignment_id(job: &str, forge: Option<&str>) -> anyhow::Result<jr_protocol::
         anyhow::anyhow!("{job:?} is neither an assignment id (UUID) nor a forge task id")
     })?;
     let forge = forge.ok_or_else(|| {
-        anyhow::anyhow!("a forge task id needs --forge (or JR_FORGE_URL): the forge URL as configured")
+        anyhow::anyhow!(
+            "a forge task id needs --forge (or JR_FORGE_URL): the forge URL as configured"
+        )
     })?;
     Ok(jr_protocol::AssignmentId::for_task(forge, task))
 }
@@ -210,7 +212,11 @@ async fn job(job: String, forge: Option<String>, api: StatusArgs) -> anyhow::Res
 fn render_timeline(body: &serde_json::Value) -> String {
     use std::fmt::Write;
     let mut out = String::new();
-    let _ = writeln!(out, "assignment {}", body["assignment"].as_str().unwrap_or("?"));
+    let _ = writeln!(
+        out,
+        "assignment {}",
+        body["assignment"].as_str().unwrap_or("?")
+    );
     let empty = Vec::new();
     let entries = body["timeline"].as_array().unwrap_or(&empty);
     let start = entries.first().and_then(|e| e["at"].as_u64()).unwrap_or(0);
@@ -472,9 +478,7 @@ fn main() -> ExitCode {
         Command::Job { job: j, forge, api } => {
             runtime().and_then(|rt| rt.block_on(job(j, forge, api)))
         }
-        Command::Quarantine { action } => {
-            runtime().and_then(|rt| rt.block_on(quarantine(action)))
-        }
+        Command::Quarantine { action } => runtime().and_then(|rt| rt.block_on(quarantine(action))),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -497,7 +501,10 @@ mod tests {
             assignment_id("42", Some("https://forge.test/")).expect("task"),
             id
         );
-        assert!(assignment_id("42", None).is_err(), "a task id needs the forge");
+        assert!(
+            assignment_id("42", None).is_err(),
+            "a task id needs the forge"
+        );
         assert!(assignment_id("x42", Some("https://forge.test")).is_err());
     }
 
@@ -510,9 +517,15 @@ mod tests {
             "burst": {"value": "on:30", "enabled": true, "percent": 30, "invalid": false}
         });
         let text = render_status(&status);
-        assert!(text.contains("backend pod: 3 of 4 slots used, 7 waiting"), "{text}");
+        assert!(
+            text.contains("backend pod: 3 of 4 slots used, 7 waiting"),
+            "{text}"
+        );
         assert!(text.contains("east 2, west 1"), "{text}");
-        assert!(text.contains("burst on:30: on for 30% of eligible jobs"), "{text}");
+        assert!(
+            text.contains("burst on:30: on for 30% of eligible jobs"),
+            "{text}"
+        );
         assert!(text.contains("quarantined messages: 5"), "{text}");
         let timeline = serde_json::json!({"assignment": "a", "timeline": [
             {"at": 1000, "attempt": 1, "step": "fetched", "detail": null},
@@ -521,6 +534,8 @@ mod tests {
         assert!(text.contains("+    2.500s #1   claimed"), "{text}");
         let q = serde_json::json!({"count": 1, "recent": [{"stream": "JR_EVENTS", "seq": 9,
             "subject": "jr.event.x", "raw_size": 3, "reason": "undecodable"}]});
-        assert!(render_quarantine(&q).contains("JR_EVENTS seq 9 on jr.event.x (3 bytes): undecodable"));
+        assert!(
+            render_quarantine(&q).contains("JR_EVENTS seq 9 on jr.event.x (3 bytes): undecodable")
+        );
     }
 }

@@ -31,6 +31,9 @@ pub struct ReconcilerMetrics {
     pub queue_depth: Family<BackendLabel, Gauge>,
     /// Slots held per backend according to the projection.
     pub slots_used: Family<BackendLabel, Gauge>,
+    /// How long the longest-waiting pending assignment has waited since its fetch, seconds
+    /// (0 when nothing waits).
+    pub oldest_wait: Family<BackendLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
 }
 
 impl ReconcilerMetrics {
@@ -53,6 +56,11 @@ impl ReconcilerMetrics {
             "slots_used",
             "Capacity slots in use per backend (projection)",
             self.slots_used.clone(),
+        );
+        registry.register(
+            "oldest_wait_seconds",
+            "How long the longest-waiting assignment (no workload yet) has waited since its forge fetch, per backend",
+            self.oldest_wait.clone(),
         );
         registry.register_collector(Box::new(ProjectionCollector { projectors }));
     }
@@ -104,6 +112,37 @@ impl Collector for ProjectionCollector {
                 let labels = [("stream", *stream)];
                 ConstCounter::new(s.quarantined.load(Ordering::Relaxed))
                     .encode(quarantined.encode_family(&labels)?)?;
+            }
+        }
+        {
+            let g = ConstGauge::new(0i64);
+            let mut pending = encoder.encode_descriptor(
+                "projection_pending",
+                "Messages the stream holds that the projection has not read yet",
+                None,
+                g.metric_type(),
+            )?;
+            for (stream, s) in &self.projectors {
+                let labels = [("stream", *stream)];
+                ConstGauge::new(
+                    i64::try_from(s.pending.load(Ordering::Relaxed)).unwrap_or(i64::MAX),
+                )
+                .encode(pending.encode_family(&labels)?)?;
+            }
+        }
+        {
+            let g = ConstGauge::new(0f64);
+            let mut lag = encoder.encode_descriptor(
+                "projection_lag_seconds",
+                "Age of the oldest stream message not yet in the projection (an upper bound; 0 when caught up)",
+                None,
+                g.metric_type(),
+            )?;
+            let now = jr_protocol::now_ms();
+            for (stream, s) in &self.projectors {
+                let labels = [("stream", *stream)];
+                ConstGauge::new(s.lag_ms(now) as f64 / 1000.0)
+                    .encode(lag.encode_family(&labels)?)?;
             }
         }
         let mut errors = encoder.encode_descriptor(

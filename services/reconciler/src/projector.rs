@@ -132,6 +132,26 @@ pub struct ProjectorState {
     /// The last fetch found nothing more: the projection has caught up with the stream.
     pub caught_up: AtomicBool,
     pub store_errors: AtomicU64,
+    /// Messages after the last one read that the stream still holds for the projector.
+    pub pending: AtomicU64,
+    /// Unix ms: the stream time of the oldest message not yet committed to the projection, as
+    /// far as the projector knows (an upper bound of its age); 0 when caught up.
+    pub behind_since: AtomicU64,
+}
+
+impl ProjectorState {
+    /// How far behind the stream the projection is, in ms at `now` (0 when caught up).
+    pub fn lag_ms(&self, now: u64) -> u64 {
+        match self.behind_since.load(Ordering::Acquire) {
+            0 => 0,
+            since => now.saturating_sub(since),
+        }
+    }
+}
+
+/// Unix ms of a message's stream time.
+fn stream_ms(info: &async_nats::jetstream::message::Info<'_>) -> u64 {
+    u64::try_from(info.published.unix_timestamp_nanos() / 1_000_000).unwrap_or(0)
 }
 
 /// Projects `stream` until shutdown, handing each committed batch's records to `feed`. A batch
@@ -261,12 +281,19 @@ async fn project(
             Ok(Some(m)) => Some(m),
         };
         let until = tokio::time::Instant::now() + linger;
+        let mut last_read = (0u64, 0u64); // (stream time, pending after it)
         while let Some(item) = next.take() {
             let message = item?;
-            let seq = message
+            let info = message
                 .info()
-                .map_err(|e| anyhow::anyhow!("message info: {e}"))?
-                .stream_sequence;
+                .map_err(|e| anyhow::anyhow!("message info: {e}"))?;
+            let seq = info.stream_sequence;
+            last_read = (stream_ms(&info), info.pending);
+            if batch.is_empty() && state.behind_since.load(Ordering::Acquire) == 0 {
+                state
+                    .behind_since
+                    .store(last_read.0.max(1), Ordering::Release);
+            }
             let content = jr_protocol::decode(&message.payload).map_err(|e| {
                 tracing::warn!(stream, seq, subject = %message.subject, error = %e, "undecodable message; it will be quarantined");
                 e.to_string()
@@ -319,6 +346,11 @@ async fn project(
                         );
                     }
                     state.checkpoint.store(stats.checkpoint, Ordering::Release);
+                    let (last_time, pending) = last_read;
+                    state.pending.store(pending, Ordering::Release);
+                    // Still behind: what comes next is no older than the last committed.
+                    let behind = if pending == 0 { 0 } else { last_time.max(1) };
+                    state.behind_since.store(behind, Ordering::Release);
                     break;
                 }
                 Err(e) => {

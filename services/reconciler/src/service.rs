@@ -207,8 +207,8 @@ pub async fn run(p: Process) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Queue depth (assignments waiting for a slot) and slot use per backend, from the records in
-/// memory.
+/// Queue depth (assignments waiting for a slot), the oldest wait and slot use per backend, from
+/// the records in memory.
 fn update_gauges(
     planner: &IncrementalPlanner,
     metrics: &ReconcilerMetrics,
@@ -226,5 +226,12 @@ fn update_gauges(
             .slots_used
             .get_or_create(&label)
             .set(i64::try_from(planner.slots_used(backend)).unwrap_or(i64::MAX));
+        let waited = planner
+            .oldest_waiting(backend)
+            .map_or(0, |since| jr_protocol::now_ms().saturating_sub(since));
+        metrics
+            .oldest_wait
+            .get_or_create(&label)
+            .set(waited as f64 / 1000.0);
     }
 }

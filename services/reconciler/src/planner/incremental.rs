@@ -53,6 +53,8 @@ pub struct IncrementalPlanner {
     health: BackendHealth,
     slots_used: BTreeMap<BackendName, u64>,
     queued: BTreeMap<BackendName, u64>,
+    /// Per backend, how many pending records have waited since each time (unix ms).
+    waiting_since: BTreeMap<BackendName, BTreeMap<u64, u64>>,
 }
 
 impl IncrementalPlanner {
@@ -68,6 +70,7 @@ impl IncrementalPlanner {
             health: BackendHealth::default(),
             slots_used: BTreeMap::new(),
             queued: BTreeMap::new(),
+            waiting_since: BTreeMap::new(),
         }
     }
 
@@ -234,6 +237,14 @@ impl IncrementalPlanner {
         self.queued.get(backend).copied().unwrap_or(0)
     }
 
+    /// Since when (unix ms) the longest-waiting pending assignment of `backend` has waited:
+    /// from the forge fetch of its job (a redispatched job keeps waiting from there).
+    pub fn oldest_waiting(&self, backend: &BackendName) -> Option<u64> {
+        self.waiting_since
+            .get(backend)
+            .and_then(|m| m.keys().next().copied())
+    }
+
     /// What the backends' health is at `now` by the records in memory.
     #[cfg(test)]
     pub(crate) fn health_at(&self, now: u64) -> BackendHealth {
@@ -267,6 +278,30 @@ impl IncrementalPlanner {
             && let Some(backend) = record.backend()
         {
             change(&mut self.queued, backend, add);
+            let since = record
+                .info
+                .as_ref()
+                .map(|i| i.fetched_at)
+                .or_else(|| {
+                    record
+                        .attempts
+                        .values()
+                        .filter_map(|a| a.published_at)
+                        .min()
+                })
+                .unwrap_or(record.updated_at);
+            let times = self.waiting_since.entry(backend.clone()).or_default();
+            if add {
+                *times.entry(since).or_default() += 1;
+            } else if let Some(n) = times.get_mut(&since) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    times.remove(&since);
+                }
+                if times.is_empty() {
+                    self.waiting_since.remove(backend);
+                }
+            }
         }
     }
 }
@@ -404,6 +439,41 @@ mod tests {
         assert_eq!(p.slots_used(&b.backend), 0);
         assert!(p.plan(5 * SEC).is_empty());
         assert!(p.pending().is_empty());
+    }
+
+    #[test]
+    fn the_oldest_wait_follows_the_pending_records() {
+        let first = Builder::new(1, "pod");
+        let second = Builder::new(2, "pod");
+        let vm = Builder::new(3, "vm");
+        let mut p = planner();
+        fold_into(
+            &mut p,
+            &[
+                (1, first.assignment(1, 10 * SEC)),
+                (2, second.assignment(1, 20 * SEC)),
+            ],
+        );
+        // The builder's fetch is 5 ms before the assignment.
+        assert_eq!(p.oldest_waiting(&first.backend), Some(10 * SEC - 5));
+        assert_eq!(p.oldest_waiting(&vm.backend), None);
+        fold_into(&mut p, &[(3, first.created(1, 21 * SEC))]);
+        assert_eq!(p.oldest_waiting(&first.backend), Some(20 * SEC - 5));
+        // A redispatched job waits from its fetch again, not from the new attempt.
+        fold_into(
+            &mut p,
+            &[
+                (4, second.created(1, 22 * SEC)),
+                (5, second.observed(1, 23 * SEC, WorkloadPhase::Failed, None)),
+                (6, second.redispatched(1, 24 * SEC, "workload-failed")),
+                // The scheduler republishes the assignment as fetched (its fetch time kept).
+                (7, second.assignment(2, 20 * SEC)),
+            ],
+        );
+        assert_eq!(p.queued(&second.backend), 1);
+        assert_eq!(p.oldest_waiting(&second.backend), Some(20 * SEC - 5));
+        fold_into(&mut p, &[(8, second.created(2, 25 * SEC))]);
+        assert_eq!(p.oldest_waiting(&second.backend), None);
     }
 
     #[test]
