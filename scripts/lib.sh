@@ -31,3 +31,14 @@ ensure_postgres() {
     pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main start >&2 || true
   fi
 }
+
+# Chromium for the status page's browser test (tests/scenarios/tests/status_page.rs); Debian's
+# package when none is on PATH and JR_CHROMIUM is not set.
+ensure_chromium() {
+  if [ -n "${JR_CHROMIUM:-}" ] || command -v chromium >/dev/null 2>&1 \
+    || command -v chromium-browser >/dev/null 2>&1 || command -v google-chrome >/dev/null 2>&1; then
+    return 0
+  fi
+  echo "installing chromium" >&2
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium) >&2
+}

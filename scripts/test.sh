@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Runs every test of the workspace: unit, integration, end-to-end scenarios and the bounded
-# chaos scenario. Needs cargo; installs nats-server >= 2.10 if missing.
+# chaos scenario. Needs cargo; installs nats-server >= 2.10, PostgreSQL and Chromium (the status
+# page's browser test) if missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
 ensure_nats_server
 ensure_postgres
+ensure_chromium
 
 # Formatting and lints first: cheap, and a failure here needs no test run to explain it.
 cargo fmt --all --check

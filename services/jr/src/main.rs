@@ -139,9 +139,12 @@ fn render_status(body: &serde_json::Value) -> String {
         let queue = b["queue_depth"]
             .as_u64()
             .map_or("?".to_owned(), |n| n.to_string());
+        let oldest = b["oldest_wait_secs"]
+            .as_f64()
+            .map_or(String::new(), |s| format!(" (oldest for {s:.1} s)"));
         let _ = writeln!(
             out,
-            "backend {}: {} of {} slots used, {} waiting",
+            "backend {}: {} of {} slots used, {} waiting{oldest}",
             b["name"].as_str().unwrap_or("?"),
             b["slots_used"].as_u64().unwrap_or(0),
             b["capacity"].as_u64().unwrap_or(0),
@@ -512,7 +515,8 @@ mod tests {
     fn text_renderings_show_the_figures() {
         let status = serde_json::json!({
             "backends": [{"name": "pod", "capacity": 4, "slots_used": 3, "queue_depth": 7,
-                          "states": {"running": 2}, "providers": {"east": 2, "west": 1}}],
+                          "states": {"running": 2}, "providers": {"east": 2, "west": 1},
+                          "oldest_wait_secs": 12.34}],
             "quarantined": 5,
             "burst": {"value": "on:30", "enabled": true, "percent": 30, "invalid": false}
         });

@@ -31,6 +31,9 @@ struct BackendStatus {
     states: BTreeMap<String, u64>,
     /// Slots held per provider (backends with providers).
     providers: BTreeMap<String, u64>,
+    /// Seconds the longest-waiting assignment (no workload yet) has waited since its forge
+    /// fetch; absent when nothing waits.
+    oldest_wait_secs: Option<f64>,
 }
 
 pub fn router(state: Arc<StatusState>) -> Router {
@@ -63,6 +66,11 @@ async fn status(State(s): State<Arc<StatusState>>) -> Response {
         Ok(rows) => rows,
         Err(e) => return internal(e),
     };
+    let oldest = match s.store.oldest_waiting().await {
+        Ok(rows) => rows,
+        Err(e) => return internal(e),
+    };
+    let now = jr_protocol::now_ms();
     let mut backends = Vec::new();
     for (name, capacity) in &s.capacity {
         let queue_depth = s
@@ -85,6 +93,10 @@ async fn status(State(s): State<Arc<StatusState>>) -> Response {
             .filter(|(backend, ..)| backend == name)
             .map(|(_, provider, used)| (provider.clone(), *used))
             .collect();
+        let oldest_wait_secs = oldest
+            .iter()
+            .find(|(backend, _)| backend == name)
+            .map(|(_, since)| now.saturating_sub(*since) as f64 / 1000.0);
         backends.push(BackendStatus {
             name: name.clone(),
             capacity: *capacity,
@@ -92,6 +104,7 @@ async fn status(State(s): State<Arc<StatusState>>) -> Response {
             queue_depth,
             states,
             providers,
+            oldest_wait_secs,
         });
     }
     let quarantined = match s.store.quarantine_count().await {

@@ -506,6 +506,22 @@ impl Store {
             .collect())
     }
 
+    /// Per backend, the forge fetch time (unix ms) of the longest-waiting pending assignment (no
+    /// workload yet): `(backend, fetched_at)`.
+    pub async fn oldest_waiting(&self) -> Result<Vec<(String, u64)>, StoreError> {
+        let rows: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT backend, jr_ms(min(fetched_at)) FROM assignments \
+             WHERE state = 'pending' AND backend IS NOT NULL AND fetched_at IS NOT NULL GROUP BY backend ORDER BY backend",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(q("oldest waiting"))?;
+        Ok(rows
+            .into_iter()
+            .map(|(backend, ms)| (backend, u64::try_from(ms).unwrap_or(0)))
+            .collect())
+    }
+
     /// Slots held per provider: `(backend, provider, used)` over the workloads whose reference
     /// is `<provider>/<name>` (backends with providers).
     pub async fn slots_by_provider(&self) -> Result<Vec<(String, String, u64)>, StoreError> {
