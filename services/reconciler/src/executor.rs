@@ -22,6 +22,7 @@ pub struct Executor {
     bus: Bus,
     metrics: std::sync::Arc<crate::metrics::ReconcilerMetrics>,
     reissue_after: Duration,
+    traces: jr_bus::TraceBook,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -40,7 +41,14 @@ impl Executor {
             bus,
             metrics,
             reissue_after,
+            traces: jr_bus::TraceBook::default(),
         }
+    }
+
+    /// Commands continue the traces of their jobs found in `traces`.
+    pub fn with_traces(mut self, traces: jr_bus::TraceBook) -> Self {
+        self.traces = traces;
+        self
     }
 
     /// Publishes `commands` planned at `planned_at` (unix ms; it picks the reissue period of
@@ -55,7 +63,17 @@ impl Executor {
         for command in commands {
             let id = command.id();
             let message_id = self.message_id(&id, planned_at);
-            match self.publish(command, message_id).await {
+            let span = tracing::info_span!(
+                parent: None,
+                "reconciler command",
+                kind = command.kind(),
+                assignment = %command.assignment_id(),
+                reason = command.reason(),
+            );
+            jr_bus::follow(&span, self.traces.get(command.assignment_id()).as_ref());
+            let published =
+                tracing::Instrument::instrument(self.publish(command, message_id), span).await;
+            match published {
                 Ok(()) => {
                     tracing::info!(command = %id, reason = command.reason(), "command issued");
                     self.metrics

@@ -39,6 +39,9 @@ pub struct Feed {
     order: tokio::sync::Mutex<()>,
     pending: Mutex<Pending>,
     applied: Notify,
+    /// The jobs' trace contexts, from their assignments as projected, for the commands the
+    /// planner issues about them.
+    pub traces: jr_bus::TraceBook,
 }
 
 #[derive(Debug, Default)]
@@ -63,6 +66,7 @@ impl Feed {
                 reload: true,
             }),
             applied: Notify::new(),
+            traces: jr_bus::TraceBook::default(),
         }
     }
 
@@ -298,6 +302,12 @@ async fn project(
                 tracing::warn!(stream, seq, subject = %message.subject, error = %e, "undecodable message; it will be quarantined");
                 e.to_string()
             });
+            if let Ok(envelope) = &content
+                && matches!(envelope.message, jr_protocol::Message::Assignment(_))
+            {
+                feed.traces
+                    .remember(envelope.assignment_id, envelope.trace.clone());
+            }
             batch.push(StreamMessage {
                 seq,
                 subject: message.subject.to_string(),

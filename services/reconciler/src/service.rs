@@ -149,7 +149,8 @@ pub async fn run(p: Process) -> anyhow::Result<()> {
     let metrics = Arc::new(ReconcilerMetrics::default());
     metrics.register(&mut p.metrics.registry(), states.clone());
     let mut planner = IncrementalPlanner::new(planner_config(&cfg), REISSUE_AFTER);
-    let mut executor = Executor::new(p.bus.clone(), metrics.clone(), REISSUE_AFTER);
+    let mut executor = Executor::new(p.bus.clone(), metrics.clone(), REISSUE_AFTER)
+        .with_traces(feed.traces.clone());
     let backends: Vec<BackendName> = p.config.enabled_backends().map(|(n, _)| n).collect();
     // The planner's clock never goes back, even if the system clock does.
     let mut now = 0;

@@ -169,10 +169,20 @@ impl Dispatcher {
                     }
                 };
                 let subject = subject::assignment(&backend, envelope.assignment_id);
-                match self
-                    .bus
-                    .publish_retrying(&subject, &envelope, shutdown)
-                    .await
+                // The root of the job's trace: the assignment carries it to the worker, the
+                // facade and the reconciler.
+                let job = tracing::info_span!(
+                    parent: None,
+                    "job",
+                    forge_task = task.id,
+                    assignment = %envelope.assignment_id,
+                    %backend,
+                );
+                match tracing::Instrument::instrument(
+                    self.bus.publish_retrying(&subject, &envelope, shutdown),
+                    job,
+                )
+                .await
                 {
                     Ok(outcome) => {
                         if outcome.duplicate {

@@ -224,6 +224,7 @@ impl Ledger for JetStreamLedger {
                 token_hash,
                 claimed,
                 terminal,
+                trace: envelope.trace.clone().map(Box::new),
             };
             // Claimed by the current attempt with its token known: nothing but `terminal` can
             // change any more.

@@ -128,6 +128,7 @@ async fn ledger_failures_ask_the_executor_to_retry_and_lose_nothing() {
         token_hash: Some(jr_protocol::TokenHash::of_token(TOKEN)),
         claimed: false,
         terminal: false,
+        trace: None,
     });
 
     ledger.lookups_down.store(true, Ordering::SeqCst);

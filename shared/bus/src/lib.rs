@@ -40,4 +40,4 @@ pub use publish::{PublishOnce, PublishOutcome};
 pub use retry::{Backoff, retry_transient};
 pub use tokio_util::sync::CancellationToken;
 pub use topology::{ConsumerCounts, ConsumerSpec, StartFrom, StreamLimit, StreamLimits, Topology};
-pub use trace::{current_trace_context, extract_context};
+pub use trace::{TraceBook, current_trace_context, extract_context, follow};

@@ -86,3 +86,50 @@ pub fn extract_context(
         fallback: envelope_trace,
     })
 }
+
+/// Makes `span` a child of the remote context `trace` (a job's trace, carried by its
+/// assignment); without one the span stays as created. Create such spans with
+/// `parent: None`, so a span with no known job starts a trace of its own instead of joining a
+/// long-lived task span.
+pub fn follow(span: &tracing::Span, trace: Option<&TraceContext>) {
+    if let Some(trace) = trace {
+        // Fails only when no OpenTelemetry layer is installed; the span is then a log span.
+        let _ = span.set_parent(extract_context(None, Some(trace)));
+    }
+}
+
+/// Trace contexts of jobs by assignment, for messages a service publishes later, outside the
+/// span that received the job (a worker's events, the reconciler's commands). Best effort and
+/// bounded: a restarted service, or one holding more than [`TraceBook::LIMIT`] jobs, starts new
+/// traces for what it no longer knows.
+#[derive(Clone, Debug, Default)]
+pub struct TraceBook(
+    std::sync::Arc<
+        std::sync::Mutex<std::collections::HashMap<jr_protocol::AssignmentId, TraceContext>>,
+    >,
+);
+
+impl TraceBook {
+    pub const LIMIT: usize = 100_000;
+
+    /// Remembers `trace` for `id` unless one is known already.
+    pub fn remember(&self, id: jr_protocol::AssignmentId, trace: Option<TraceContext>) {
+        let Some(trace) = trace else { return };
+        if let Ok(mut map) = self.0.lock() {
+            if map.len() >= Self::LIMIT {
+                map.clear();
+            }
+            map.entry(id).or_insert(trace);
+        }
+    }
+
+    pub fn get(&self, id: jr_protocol::AssignmentId) -> Option<TraceContext> {
+        self.0.lock().ok().and_then(|map| map.get(&id).cloned())
+    }
+
+    pub fn forget(&self, id: jr_protocol::AssignmentId) {
+        if let Ok(mut map) = self.0.lock() {
+            map.remove(&id);
+        }
+    }
+}

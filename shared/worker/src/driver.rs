@@ -62,6 +62,8 @@ pub(crate) struct Io<B> {
     pub(crate) settings: WorkerSettings,
     pub(crate) metrics: Arc<WorkerMetrics>,
     pub(crate) shutdown: CancellationToken,
+    /// Each job's trace context, for the events and calls that continue it.
+    pub(crate) traces: jr_bus::TraceBook,
 }
 
 impl<B> Clone for Io<B> {
@@ -72,6 +74,7 @@ impl<B> Clone for Io<B> {
             settings: self.settings.clone(),
             metrics: self.metrics.clone(),
             shutdown: self.shutdown.clone(),
+            traces: self.traces.clone(),
         }
     }
 }
@@ -137,14 +140,25 @@ impl<B: Backend> Io<B> {
 
     async fn publish(&self, event: &Event) -> bool {
         let (subject, envelope) = self.envelope(event);
-        match self
-            .bus
-            .publish_retrying(&subject, &envelope, &self.shutdown)
-            .await
-        {
+        let span = tracing::info_span!(
+            parent: None,
+            "worker event",
+            kind = envelope.kind().as_str(),
+            assignment = %envelope.assignment_id,
+            attempt = envelope.attempt,
+        );
+        jr_bus::follow(&span, self.traces.get(envelope.assignment_id).as_ref());
+        let published = tracing::Instrument::instrument(
+            self.bus
+                .publish_retrying(&subject, &envelope, &self.shutdown),
+            span,
+        )
+        .await;
+        match published {
             Ok(_) => {
                 if matches!(event, Event::Released { .. }) {
                     self.metrics.released.inc();
+                    self.traces.forget(envelope.assignment_id);
                 }
                 true
             }
@@ -205,6 +219,18 @@ impl<B: Backend> Io<B> {
     /// before anything can present the token, for a facade that checks hashes).
     async fn create(self, spec: WorkloadSpec) -> CreateAnswer {
         let key = AttemptKey::new(spec.assignment_id, spec.attempt);
+        let span = tracing::info_span!(
+            parent: None,
+            "create workload",
+            assignment = %key.assignment,
+            attempt = key.attempt,
+            backend = %self.settings.backend,
+        );
+        jr_bus::follow(&span, self.traces.get(key.assignment).as_ref());
+        tracing::Instrument::instrument(self.create_traced(spec, key), span).await
+    }
+
+    async fn create_traced(self, spec: WorkloadSpec, key: AttemptKey) -> CreateAnswer {
         if self.settings.publish_requested
             && let Some(answer) = self.publish_requested(key).await
         {

@@ -111,12 +111,15 @@ impl<B: Backend> Worker<B> {
         );
         self.metrics.adopted.inc_by(listed.len() as u64);
 
+        // Each job's trace, so the events published later continue it.
+        let traces = jr_bus::TraceBook::default();
         let io = Io {
             bus: self.bus.clone(),
             backend: self.backend.clone(),
             settings: self.settings.clone(),
             metrics: self.metrics.clone(),
             shutdown: shutdown.clone(),
+            traces: traces.clone(),
         };
         let outstanding = Outstanding::default();
         let mut driver = Driver::new(io, ledger, outstanding.clone());
@@ -140,10 +143,16 @@ impl<B: Backend> Worker<B> {
                 (self.bus.clone(), shutdown.clone(), tx.clone(), ids.clone());
             let backend = self.settings.backend.clone();
             let metrics = self.metrics.clone();
+            let traces = traces.clone();
             tasks.spawn("command consumer", async move {
                 let handler = move |delivery: Delivery| {
-                    let (tx, ids, backend, metrics) =
-                        (tx.clone(), ids.clone(), backend.clone(), metrics.clone());
+                    let (tx, ids, backend, metrics, traces) = (
+                        tx.clone(),
+                        ids.clone(),
+                        backend.clone(),
+                        metrics.clone(),
+                        traces.clone(),
+                    );
                     async move {
                         let workload = match classify_command(&delivery.envelope, &backend) {
                             Ok(workload) => workload,
@@ -156,6 +165,9 @@ impl<B: Backend> Worker<B> {
                             delivery.envelope.assignment_id,
                             delivery.envelope.attempt,
                         );
+                        // A job this worker has not seen since its start continues the
+                        // command's trace.
+                        traces.remember(key.assignment, jr_bus::current_trace_context());
                         let (reply, answer) = oneshot::channel();
                         let input = Input::DeleteRequested {
                             delivery: ids.next(),
@@ -189,6 +201,7 @@ impl<B: Backend> Worker<B> {
                 outstanding: outstanding.clone(),
             });
             let capacity = self.settings.capacity;
+            let traces = traces.clone();
             tasks.spawn("assignment consumer", async move {
                 let handler_bus = bus.clone();
                 let handler = move |delivery: Delivery| {
@@ -199,6 +212,11 @@ impl<B: Backend> Worker<B> {
                         backend.clone(),
                         metrics.clone(),
                         outstanding.clone(),
+                    );
+                    // The consume span is a child of the job's trace: what follows joins it.
+                    traces.remember(
+                        delivery.envelope.assignment_id,
+                        jr_bus::current_trace_context().or_else(|| delivery.envelope.trace.clone()),
                     );
                     async move {
                         handle_assignment(

@@ -116,6 +116,29 @@ async fn jr_status_job_and_quarantine_show_what_the_system_did() -> anyhow::Resu
         id,
         jr_protocol::AssignmentId::for_task(&forge, task.parse()?).to_string()
     );
+    // `jr decode` on the job's `claimed` event as stored in the stream.
+    let stored = js
+        .get_stream(jr_protocol::STREAM_EVENTS)
+        .await?
+        .get_last_raw_message_by_subject(&format!("jr.event.pod.{id}.claimed"))
+        .await?;
+    let mut decode = std::process::Command::new(jr_scenarios::process::binary("jr")?)
+        .arg("decode")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()?;
+    std::io::Write::write_all(
+        &mut decode
+            .stdin
+            .take()
+            .ok_or_else(|| anyhow::anyhow!("stdin"))?,
+        &stored.payload,
+    )?;
+    let decoded = decode.wait_with_output()?;
+    anyhow::ensure!(decoded.status.success(), "jr decode failed");
+    let decoded: serde_json::Value = serde_json::from_slice(&decoded.stdout)?;
+    assert_eq!(decoded["kind"], "claimed", "{decoded}");
+    assert_eq!(decoded["assignment_id"], id, "{decoded}");
     let text = ok(jr(&system, &["job", id]))?;
     assert!(text.starts_with(&format!("assignment {id}")), "{text}");
     assert!(text.contains("claimed"), "{text}");

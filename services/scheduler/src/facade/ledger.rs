@@ -23,6 +23,8 @@ pub struct AssignmentView {
     pub claimed: bool,
     /// A `terminal` event exists for this assignment.
     pub terminal: bool,
+    /// The job's trace (W3C context the assignment carries), for the facade's spans.
+    pub trace: Option<Box<jr_protocol::TraceContext>>,
 }
 
 /// Why the ledger could not answer. The facade turns every variant into a retryable

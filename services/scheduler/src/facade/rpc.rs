@@ -210,32 +210,43 @@ async fn runner_service<L: Ledger>(
             .into_response();
         }
     };
-    match method.as_str() {
-        "Declare" => {
-            // Relay the forge's capabilities (newer runners read them from Declare).
-            let capabilities = match &auth {
-                Ok(Authenticated::Ready { view, .. }) => f
-                    .settings
-                    .forges
-                    .capabilities(&view.backend)
-                    .and_then(|c| http::HeaderValue::from_str(c).ok()),
-                _ => None,
-            };
-            let mut response = unary(content_type, &body, |r| f.declare(&caller, auth, r)).await;
-            if let Some(value) = capabilities
-                && response.status() == StatusCode::OK
-            {
-                response
-                    .headers_mut()
-                    .insert(crate::registration::CAPABILITIES_HEADER, value);
-            }
-            response
-        }
-        "FetchTask" => unary(content_type, &body, |r| f.fetch_task(auth, r)).await,
-        "UpdateTask" => unary(content_type, &body, |r| f.update_task(auth, r)).await,
-        "UpdateLog" => unary(content_type, &body, |r| f.update_log(auth, r)).await,
-        _ => unary(content_type, &body, |r| f.update_job_summary(auth, r)).await,
+    // Each call of a known executor is a span of its job's trace (the claim and the final
+    // result it publishes carry that context on).
+    let span = tracing::info_span!(parent: None, "facade call", rpc = %method, assignment = tracing::field::Empty);
+    if let Ok(Authenticated::Ready { view, .. }) = &auth {
+        span.record("assignment", tracing::field::display(view.id));
+        jr_bus::follow(&span, view.trace.as_deref());
     }
+    let calls = async {
+        match method.as_str() {
+            "Declare" => {
+                // Relay the forge's capabilities (newer runners read them from Declare).
+                let capabilities = match &auth {
+                    Ok(Authenticated::Ready { view, .. }) => f
+                        .settings
+                        .forges
+                        .capabilities(&view.backend)
+                        .and_then(|c| http::HeaderValue::from_str(c).ok()),
+                    _ => None,
+                };
+                let mut response =
+                    unary(content_type, &body, |r| f.declare(&caller, auth, r)).await;
+                if let Some(value) = capabilities
+                    && response.status() == StatusCode::OK
+                {
+                    response
+                        .headers_mut()
+                        .insert(crate::registration::CAPABILITIES_HEADER, value);
+                }
+                response
+            }
+            "FetchTask" => unary(content_type, &body, |r| f.fetch_task(auth, r)).await,
+            "UpdateTask" => unary(content_type, &body, |r| f.update_task(auth, r)).await,
+            "UpdateLog" => unary(content_type, &body, |r| f.update_log(auth, r)).await,
+            _ => unary(content_type, &body, |r| f.update_job_summary(auth, r)).await,
+        }
+    };
+    tracing::Instrument::instrument(calls, span).await
 }
 
 fn auth_error(failure: AuthFailure) -> RpcError {

@@ -391,6 +391,7 @@ pub fn add_assignment(h: &Harness, forge_task_id: i64, token: Option<&str>) -> A
         token_hash: token.map(TokenHash::of_token),
         claimed: false,
         terminal: false,
+        trace: None,
     });
     id
 }
