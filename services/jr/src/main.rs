@@ -153,7 +153,13 @@ fn render_status(body: &serde_json::Value) -> String {
         if let Some(providers) = b["providers"].as_object().filter(|p| !p.is_empty()) {
             let list: Vec<String> = providers
                 .iter()
-                .map(|(name, used)| format!("{name} {}", used.as_u64().unwrap_or(0)))
+                .map(|(name, used)| {
+                    let used = used.as_u64().unwrap_or(0);
+                    match b["provider_capacity"][name].as_u64() {
+                        Some(cap) => format!("{name} {used}/{cap}"),
+                        None => format!("{name} {used}"),
+                    }
+                })
                 .collect();
             let _ = writeln!(out, "  providers (slots used): {}", list.join(", "));
         }
@@ -273,14 +279,34 @@ fn render_quarantine(body: &serde_json::Value) -> String {
 
 #[derive(Subcommand)]
 enum ProviderAction {
-    Drain { backend: String, provider: String },
-    Undrain { backend: String, provider: String },
+    Drain {
+        backend: String,
+        provider: String,
+        /// Print the switch as set, as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    Undrain {
+        backend: String,
+        provider: String,
+        /// Print the switch as set, as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 async fn provider(nats: NatsArgs, action: ProviderAction) -> anyhow::Result<()> {
-    let (backend, name, drained) = match action {
-        ProviderAction::Drain { backend, provider } => (backend, provider, true),
-        ProviderAction::Undrain { backend, provider } => (backend, provider, false),
+    let (backend, name, drained, json) = match action {
+        ProviderAction::Drain {
+            backend,
+            provider,
+            json,
+        } => (backend, provider, true, json),
+        ProviderAction::Undrain {
+            backend,
+            provider,
+            json,
+        } => (backend, provider, false, json),
     };
     for (what, text) in [("backend", &backend), ("provider", &name)] {
         anyhow::ensure!(
@@ -298,7 +324,12 @@ async fn provider(nats: NatsArgs, action: ProviderAction) -> anyhow::Result<()> 
         .put(key.as_str(), if drained { "on" } else { "off" }.into())
         .await
         .map_err(|e| anyhow::anyhow!("writing {key}: {e}"))?;
-    if drained {
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({ "backend": backend, "provider": name, "key": key, "drained": drained })
+        );
+    } else if drained {
         println!("provider {name} of backend {backend} drained: nothing new is placed there");
     } else {
         println!("provider {name} of backend {backend} takes new work again");
@@ -361,7 +392,12 @@ enum BurstAction {
     },
     /// Set the switch: off, on, on:<0-100> or <0-100>% (anything else is refused here; a
     /// value written another way that workers cannot read counts as off).
-    Set { value: String },
+    Set {
+        value: String,
+        /// Print the switch as set, as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 async fn burst(nats: NatsArgs, action: BurstAction) -> anyhow::Result<()> {
@@ -409,7 +445,7 @@ async fn burst(nats: NatsArgs, action: BurstAction) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        BurstAction::Set { value } => {
+        BurstAction::Set { value, json } => {
             let (setting, warning) = jr_placement::parse_burst(&value);
             if let Some(w) = warning {
                 anyhow::bail!(
@@ -423,7 +459,16 @@ async fn burst(nats: NatsArgs, action: BurstAction) -> anyhow::Result<()> {
                 .put("burst", value.trim().to_owned().into())
                 .await
                 .map_err(|e| anyhow::anyhow!("writing {bucket}/burst: {e}"))?;
-            if setting.enabled {
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "value": value.trim(),
+                        "enabled": setting.enabled,
+                        "percent": setting.percent,
+                    })
+                );
+            } else if setting.enabled {
                 println!("burst on for {}% of eligible jobs", setting.percent);
             } else {
                 println!("burst off");
@@ -516,6 +561,7 @@ mod tests {
         let status = serde_json::json!({
             "backends": [{"name": "pod", "capacity": 4, "slots_used": 3, "queue_depth": 7,
                           "states": {"running": 2}, "providers": {"east": 2, "west": 1},
+                          "provider_capacity": {"east": 3},
                           "oldest_wait_secs": 12.34}],
             "quarantined": 5,
             "burst": {"value": "on:30", "enabled": true, "percent": 30, "invalid": false}
@@ -525,7 +571,7 @@ mod tests {
             text.contains("backend pod: 3 of 4 slots used, 7 waiting"),
             "{text}"
         );
-        assert!(text.contains("east 2, west 1"), "{text}");
+        assert!(text.contains("east 2/3, west 1"), "{text}");
         assert!(
             text.contains("burst on:30: on for 30% of eligible jobs"),
             "{text}"

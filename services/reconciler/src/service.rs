@@ -133,6 +133,18 @@ pub async fn run(p: Process) -> anyhow::Result<()> {
             .enabled_backends()
             .map(|(n, b)| (n.to_string(), b.capacity))
             .collect::<BTreeMap<_, _>>(),
+        provider_capacity: p
+            .config
+            .enabled_backends()
+            .map(|(n, b)| {
+                let providers = b
+                    .providers
+                    .iter()
+                    .map(|pr| (pr.name.clone(), pr.max_runners.unwrap_or(b.capacity)))
+                    .collect::<BTreeMap<_, _>>();
+                (n.to_string(), providers)
+            })
+            .collect(),
     });
     let listener = tokio::net::TcpListener::bind(cfg.status_listen)
         .await

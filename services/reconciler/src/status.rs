@@ -19,6 +19,8 @@ pub struct StatusState {
     pub bus: Bus,
     /// Backend name → capacity.
     pub capacity: BTreeMap<String, usize>,
+    /// Backend name → its providers' slots (`max_runners`, else the backend's capacity).
+    pub provider_capacity: BTreeMap<String, BTreeMap<String, usize>>,
 }
 
 #[derive(Serialize)]
@@ -31,6 +33,8 @@ struct BackendStatus {
     states: BTreeMap<String, u64>,
     /// Slots held per provider (backends with providers).
     providers: BTreeMap<String, u64>,
+    /// Slots each provider may hold (`max_runners`, else the backend's capacity).
+    provider_capacity: BTreeMap<String, usize>,
     /// Seconds the longest-waiting assignment (no workload yet) has waited since its forge
     /// fetch; absent when nothing waits.
     oldest_wait_secs: Option<f64>,
@@ -97,6 +101,12 @@ async fn status(State(s): State<Arc<StatusState>>) -> Response {
             .iter()
             .find(|(backend, _)| backend == name)
             .map(|(_, since)| now.saturating_sub(*since) as f64 / 1000.0);
+        let provider_capacity = s.provider_capacity.get(name).cloned().unwrap_or_default();
+        // Every configured provider is listed, holding nothing or not.
+        let mut providers: BTreeMap<String, u64> = providers;
+        for provider in provider_capacity.keys() {
+            providers.entry(provider.clone()).or_insert(0);
+        }
         backends.push(BackendStatus {
             name: name.clone(),
             capacity: *capacity,
@@ -104,6 +114,7 @@ async fn status(State(s): State<Arc<StatusState>>) -> Response {
             queue_depth,
             states,
             providers,
+            provider_capacity,
             oldest_wait_secs,
         });
     }

@@ -1,6 +1,7 @@
 //! The operator's `jr` commands against a running system: `jr status`, `jr job` (by assignment
-//! id and by forge task id) and `jr quarantine list`, in text and `--json`, checked against
-//! what the system did. Needs `cargo build --workspace --bins` first; run with
+//! id and by forge task id), `jr quarantine list`, `jr decode` of a stored message, the
+//! placement switches (`jr provider drain|undrain`, `jr burst set|show`) and `jr health`, in text
+//! and `--json`, checked against what the system did and stored. Needs `cargo build --workspace --bins` first; run with
 //! `--test-threads=1`.
 
 use std::time::Duration;
@@ -173,6 +174,61 @@ async fn jr_status_job_and_quarantine_show_what_the_system_did() -> anyhow::Resu
     );
     let text = ok(jr(&system, &["quarantine", "list"]))?;
     assert!(text.contains(&poison_subject), "{text}");
+
+    // The switches, with `--json`, as the workers would read them from the KV bucket.
+    let nats_jr = |args: &[&str]| -> anyhow::Result<serde_json::Value> {
+        let out = std::process::Command::new(jr_scenarios::process::binary("jr")?)
+            .args(&args[..1])
+            .args(["--server", &system.nats.url()])
+            .args(&args[1..])
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "jr {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(serde_json::from_slice(&out.stdout)?)
+    };
+    let placement = js
+        .get_key_value(jr_bus::permissions::PLACEMENT_BUCKET)
+        .await?;
+    let drained = nats_jr(&["provider", "drain", "pod", "east", "--json"])?;
+    assert_eq!(drained["drained"], true, "{drained}");
+    let stored = placement.get("drain.pod.east").await?;
+    assert_eq!(stored.as_deref(), Some(&b"on"[..]));
+    let undrained = nats_jr(&["provider", "undrain", "pod", "east", "--json"])?;
+    assert_eq!(undrained["drained"], false, "{undrained}");
+    assert_eq!(
+        placement.get("drain.pod.east").await?.as_deref(),
+        Some(&b"off"[..])
+    );
+    let burst = nats_jr(&["burst", "set", "40%", "--json"])?;
+    assert_eq!(
+        (burst["enabled"].as_bool(), burst["percent"].as_u64()),
+        (Some(true), Some(40))
+    );
+    assert_eq!(placement.get("burst").await?.as_deref(), Some(&b"40%"[..]));
+    let shown = nats_jr(&["burst", "show", "--json"])?;
+    assert_eq!(shown["value"], "40%", "{shown}");
+
+    // `jr health` against the services' ops endpoints, and against nothing.
+    for port in [system.ports.scheduler_ops, system.ports.reconciler_ops] {
+        let out = std::process::Command::new(jr_scenarios::process::binary("jr")?)
+            .args(["health", &format!("http://127.0.0.1:{port}/readyz")])
+            .output()?;
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let out = std::process::Command::new(jr_scenarios::process::binary("jr")?)
+        .args(["health", "http://127.0.0.1:9/readyz", "--timeout-secs", "2"])
+        .output()?;
+    assert!(
+        !out.status.success(),
+        "a dead endpoint passed the health check"
+    );
 
     // A status API that is not there is a clear error, not a hang or a panic.
     let out = std::process::Command::new(jr_scenarios::process::binary("jr")?)

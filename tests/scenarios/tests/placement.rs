@@ -161,12 +161,19 @@ async fn a_provider_drained_mid_run_gets_no_new_work_and_its_running_work_finish
         .await?
         .json()
         .await?;
-        let providers = status["backends"]
+        let pod = status["backends"]
             .as_array()
             .and_then(|b| b.iter().find(|b| b["name"] == "pod"))
-            .map(|b| b["providers"].clone())
+            .cloned()
             .unwrap_or_default();
+        let providers = &pod["providers"];
         if providers["a"].as_u64().unwrap_or(0) > 0 && providers["b"].as_u64().unwrap_or(0) > 0 {
+            // Without max_runners each provider may hold the backend's capacity.
+            assert_eq!(
+                pod["provider_capacity"],
+                serde_json::json!({"a": 8, "b": 8}),
+                "{status}"
+            );
             break;
         }
         anyhow::ensure!(
