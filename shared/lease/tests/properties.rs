@@ -1,0 +1,248 @@
+//! Replicas with skewed clocks, a compare-and-set key with slow, lost and unacknowledged
+//! writes, and random timing: never two lease holders acting at the same real time, never more
+//! slots in use than capacity.
+
+use std::collections::BTreeMap;
+
+use jr_lease::{Lease, LeaseStep, Policy, Slots, hold_slots, next_lease_step};
+use proptest::prelude::*;
+
+/// A small deterministic generator for the schedule (the seed comes from proptest).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+/// The key: its value and revision (0: absent).
+struct Key<V> {
+    value: Option<V>,
+    revision: u64,
+}
+
+impl<V: Clone> Key<V> {
+    fn read(&self) -> Option<(V, u64)> {
+        self.value.clone().map(|v| (v, self.revision))
+    }
+    /// Compare-and-set: `expected` None means "must not exist".
+    fn write(&mut self, value: V, expected: Option<u64>) -> bool {
+        let matches = match expected {
+            None => self.value.is_none(),
+            Some(revision) => self.value.is_some() && self.revision == revision,
+        };
+        if matches {
+            self.value = Some(value);
+            self.revision += 1;
+        }
+        matches
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Faults {
+    read_fails: u64,
+    write_lost: u64,
+    ack_lost: u64,
+    max_delay: u64,
+}
+
+fn faults() -> impl Strategy<Value = Faults> {
+    (0u64..30, 0u64..30, 0u64..30, 0u64..3_000).prop_map(
+        |(read_fails, write_lost, ack_lost, max_delay)| Faults {
+            read_fails,
+            write_lost,
+            ack_lost,
+            max_delay,
+        },
+    )
+}
+
+/// Events in real time: a replica's tick, a write reaching the key, an answer reaching a replica.
+enum Event<V> {
+    Tick(usize),
+    Apply {
+        replica: usize,
+        value: V,
+        expected: Option<u64>,
+        ack: bool,
+    },
+    Acked {
+        replica: usize,
+        value: V,
+    },
+}
+
+/// Runs `horizon` ms of real time; `on` handles each event and may schedule more.
+fn run<V>(
+    rng: &mut Rng,
+    replicas: usize,
+    horizon: u64,
+    mut on: impl FnMut(&mut Rng, u64, Event<V>, &mut Vec<(u64, u64, Event<V>)>),
+) {
+    let mut queue: Vec<(u64, u64, Event<V>)> = Vec::new();
+    let mut order = 0u64;
+    for replica in 0..replicas {
+        let mut t = rng.below(1_000);
+        while t < horizon {
+            queue.push((t, order, Event::Tick(replica)));
+            order += 1;
+            t += 50 + rng.below(3_000);
+        }
+    }
+    while !queue.is_empty() {
+        let (i, _) = queue
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, (t, o, _))| (*t, *o))
+            .expect("not empty");
+        let (now, _, event) = queue.swap_remove(i);
+        let mut added = Vec::new();
+        on(rng, now, event, &mut added);
+        for (t, _, e) in added {
+            order += 1;
+            queue.push((t, order, e));
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn two_lease_holders_never_act_at_the_same_real_time(
+        seed in 1u64..u64::MAX,
+        skews in proptest::collection::vec(-500i64..=500, 3),
+        f in faults(),
+    ) {
+        let policy = Policy::new(6_000, 500).expect("policy");
+        let mut rng = Rng(seed);
+        let mut key: Key<Lease> = Key { value: None, revision: 0 };
+        // Real-time intervals in which each replica acts.
+        let mut acting: Vec<(usize, u64, u64)> = Vec::new();
+        let local = |replica: usize, t: u64| t.saturating_add_signed(skews[replica]);
+        let real = |replica: usize, local_t: u64| local_t.saturating_add_signed(-skews[replica]);
+        run(&mut rng, 3, 60_000, |rng, now, event, queue| match event {
+            Event::Tick(replica) => {
+                if rng.chance(f.read_fails) {
+                    return;
+                }
+                let current = key.read();
+                let step = next_lease_step(
+                    &format!("r{replica}"),
+                    local(replica, now),
+                    current.as_ref().map(|(l, r)| (l, *r)),
+                    &policy,
+                );
+                if let LeaseStep::Write { lease, revision } = step
+                    && !rng.chance(f.write_lost)
+                {
+                    let at = now + rng.below(f.max_delay + 1);
+                    let ack = !rng.chance(f.ack_lost);
+                    queue.push((at, 0, Event::Apply { replica, value: lease, expected: revision, ack }));
+                }
+            }
+            Event::Apply { replica, value, expected, ack } => {
+                if key.write(value.clone(), expected) && ack {
+                    let at = now + rng.below(f.max_delay + 1);
+                    queue.push((at, 0, Event::Acked { replica, value }));
+                }
+            }
+            Event::Acked { replica, value } => {
+                let end = real(replica, value.acting_until(&policy));
+                if now < end {
+                    acting.push((replica, now, end));
+                }
+            }
+        });
+        for (i, a) in acting.iter().enumerate() {
+            for b in &acting[i + 1..] {
+                if a.0 != b.0 {
+                    prop_assert!(
+                        a.2 <= b.1 || b.2 <= a.1,
+                        "r{} acts {}..{} while r{} acts {}..{}",
+                        a.0, a.1, a.2, b.0, b.1, b.2
+                    );
+                }
+            }
+        }
+        if f.read_fails == 0 && f.write_lost == 0 && f.ack_lost == 0 {
+            prop_assert!(!acting.is_empty(), "no replica ever led");
+        }
+    }
+
+    #[test]
+    fn replicas_never_use_more_slots_than_capacity(
+        seed in 1u64..u64::MAX,
+        skews in proptest::collection::vec(-500i64..=500, 3),
+        f in faults(),
+        capacity in 1usize..20,
+    ) {
+        let policy = Policy::new(6_000, 500).expect("policy");
+        let mut rng = Rng(seed);
+        let mut key: Key<Slots> = Key { value: None, revision: 0 };
+        // Per replica: slots in use and until when (real time) they may be used.
+        let mut using: BTreeMap<usize, (usize, u64)> = BTreeMap::new();
+        // A replica writes its holding one write at a time.
+        let mut in_flight = [false; 3];
+        let mut worst = 0usize;
+        let local = |replica: usize, t: u64| t.saturating_add_signed(skews[replica]);
+        let real = |replica: usize, local_t: u64| local_t.saturating_add_signed(-skews[replica]);
+        run(&mut rng, 3, 60_000, |rng, now, event, queue| {
+            match event {
+                Event::Tick(replica) => {
+                    if in_flight[replica] || rng.chance(f.read_fails) {
+                        return;
+                    }
+                    let (record, revision) = key.read().map_or((Slots::default(), None), |(s, r)| (s, Some(r)));
+                    let want = rng.below(capacity as u64 + 3) as usize;
+                    // Giving back: stop using what is returned before writing it.
+                    if let Some(u) = using.get_mut(&replica) {
+                        u.0 = u.0.min(want);
+                    }
+                    let (next, _) = hold_slots(&record, &format!("r{replica}"), want, capacity, local(replica, now), &policy);
+                    if !rng.chance(f.write_lost) {
+                        in_flight[replica] = true;
+                        let at = now + rng.below(f.max_delay + 1);
+                        let ack = !rng.chance(f.ack_lost);
+                        queue.push((at, 0, Event::Apply { replica, value: next, expected: revision, ack }));
+                    }
+                }
+                Event::Apply { replica, value, expected, ack } => {
+                    if key.write(value.clone(), expected) && ack {
+                        let at = now + rng.below(f.max_delay + 1);
+                        queue.push((at, 0, Event::Acked { replica, value }));
+                    } else {
+                        // Refused, or its answer lost: the replica gives up on this write.
+                        in_flight[replica] = false;
+                    }
+                }
+                Event::Acked { replica, value } => {
+                    in_flight[replica] = false;
+                    match value.held.get(&format!("r{replica}")) {
+                        Some(h) => {
+                            let until = real(replica, h.usable_until(&policy));
+                            using.insert(replica, (h.slots, until));
+                        }
+                        None => {
+                            using.remove(&replica);
+                        }
+                    }
+                }
+            }
+            let in_use: usize = using.values().filter(|(_, until)| now < *until).map(|(n, _)| n).sum();
+            worst = worst.max(in_use);
+        });
+        prop_assert!(worst <= capacity, "{worst} slots in use of {capacity}");
+    }
+}
