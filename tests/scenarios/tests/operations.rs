@@ -92,24 +92,34 @@ async fn jr_status_job_and_quarantine_show_what_the_system_did() -> anyhow::Resu
         .ok_or_else(|| anyhow::anyhow!("the job has no task"))?;
     let task = task.to_string();
     let forge = system.forge.url().to_owned();
-    let by_task: serde_json::Value = serde_json::from_str(&ok(jr(
-        &system,
-        &["job", &task, "--forge", &forge, "--json"],
-    ))?)?;
-    let steps: Vec<String> = by_task["timeline"]
-        .as_array()
-        .map(|t| {
-            t.iter()
-                .filter_map(|e| e["step"].as_str().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default();
-    for step in ["fetched", "claimed", "released"] {
-        assert!(
-            steps.iter().any(|s| s.contains(step)),
-            "no {step} in {steps:?}"
+    // The projection may still be a moment behind the last `released`: ask until it is there.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let by_task = loop {
+        let by_task: serde_json::Value = serde_json::from_str(&ok(jr(
+            &system,
+            &["job", &task, "--forge", &forge, "--json"],
+        ))?)?;
+        let steps: Vec<String> = by_task["timeline"]
+            .as_array()
+            .map(|t| {
+                t.iter()
+                    .filter_map(|e| e["step"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let missing: Vec<&str> = ["fetched", "claimed", "terminal", "released"]
+            .into_iter()
+            .filter(|step| !steps.iter().any(|s| s == step))
+            .collect();
+        if missing.is_empty() {
+            break by_task;
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "{missing:?} never in the timeline {steps:?}"
         );
-    }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     let id = by_task["assignment"]
         .as_str()
         .ok_or_else(|| anyhow::anyhow!("no assignment id: {by_task}"))?;

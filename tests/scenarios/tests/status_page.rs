@@ -215,6 +215,25 @@ async fn the_status_page_shows_what_the_api_says_in_a_real_browser() -> anyhow::
         .and_then(|j| j.task_ids.first().copied())
         .ok_or_else(|| anyhow::anyhow!("no task"))?;
     let id = jr_protocol::AssignmentId::for_task(system.forge.url(), task);
+    // Its last step (the workload released) may still be on its way into the projection.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let t: serde_json::Value = reqwest::get(format!("{status_url}/api/assignments/{id}"))
+            .await?
+            .json()
+            .await?;
+        let released = t["timeline"]
+            .as_array()
+            .is_some_and(|t| t.iter().any(|e| e["step"] == "released"));
+        if released {
+            break;
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the quick job was never released: {t}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let dom = headless(
         profile.path(),
         &format!("{status_url}/#{id}"),
