@@ -630,8 +630,9 @@ pub async fn diagnose(system: &System) -> String {
     out
 }
 
-/// Tasks the forge's zombie reaper failed, split into the ones the documented Gitea window
-/// explains and the ones nothing excuses.
+/// Tasks the forge's zombie reaper failed, and tasks cancelled at the forge with no assignment
+/// behind them, split into the ones the documented Gitea window explains and the ones nothing
+/// excuses.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct ZombieReport {
     /// Handed out by the last fetch of a scheduler killed before that task was durable.
@@ -646,7 +647,9 @@ pub struct ZombieReport {
 /// task, such a task is the last one handed out to its runner before a scheduler kill, and
 /// jetrunner never said a word about it (no keepalive, no log, no result) and no assignment for
 /// it reached the streams (`durable`: the forge task ids of every assignment). Any other zombie
-/// is a task jetrunner lost or forgot to keep alive.
+/// is a task jetrunner lost or forgot to keep alive. A task cancelled at the forge (a chaos
+/// fault) while in that window ends cancelled instead of failed, with no assignment either: it
+/// is held to the same test; a cancelled task with an assignment is ordinary.
 pub fn fetch_window_losses(
     forge: &jr_fake_forge::Snapshot,
     scheduler_kills: &[SystemTime],
@@ -654,11 +657,11 @@ pub fn fetch_window_losses(
 ) -> ZombieReport {
     use jr_fake_forge::StopCause;
     let mut report = ZombieReport::default();
-    for task in forge
-        .tasks
-        .iter()
-        .filter(|t| t.stop_cause == Some(StopCause::Zombie))
-    {
+    for task in forge.tasks.iter().filter(|t| match t.stop_cause {
+        Some(StopCause::Zombie) => true,
+        Some(StopCause::Cancelled) => !durable.contains(&t.id),
+        _ => false,
+    }) {
         let silent = task.heartbeats == 0
             && task.log.is_empty()
             && task.final_reports.is_empty()
@@ -682,10 +685,11 @@ pub fn fetch_window_losses(
             report.fetch_window.push(task.id);
         } else {
             report.violations.push(format!(
-                "task {} (job {:?}) failed as a zombie: {} keepalives, {} log lines, {} results, \
-                 assignment published: {}, {}",
+                "task {} (job {:?}) stopped ({:?}) unexplained: {} keepalives, {} log lines, \
+                 {} results, assignment published: {}, {}",
                 task.id,
                 task.job_id,
+                task.stop_cause,
                 task.heartbeats,
                 task.log.len(),
                 task.final_reports.len(),
@@ -772,6 +776,22 @@ mod tests {
         assert_eq!(report.violations.len(), 2, "{report:?}");
         // Without any kill nothing is excused.
         assert_eq!(fetch_window_losses(&forge, &[], &none).violations.len(), 2);
+
+        // Cancelled at the forge while in the window: the same test. With an assignment it is
+        // an ordinary cancellation and not looked at.
+        let cancelled = |id, at_secs| jr_fake_forge::TaskView {
+            stop_cause: Some(jr_fake_forge::StopCause::Cancelled),
+            ..zombie(id, "pod", at_secs)
+        };
+        let mut forge = jr_fake_forge::Snapshot::default();
+        forge.tasks.push(cancelled(6, 9));
+        let report = fetch_window_losses(&forge, &[at(10)], &none);
+        assert_eq!(report.fetch_window, vec![6]);
+        let report = fetch_window_losses(&forge, &[at(10)], &[6].into_iter().collect());
+        assert_eq!(report, ZombieReport::default());
+        // Cancelled with no assignment and no scheduler kill to explain it: jetrunner lost it.
+        let report = fetch_window_losses(&forge, &[at(8)], &none);
+        assert_eq!(report.violations.len(), 1, "{report:?}");
     }
 
     #[test]

@@ -158,14 +158,17 @@ async fn mixed_run_under_chaos_keeps_every_invariant() -> anyhow::Result<()> {
         .collect();
     let zombies = fetch_window_losses(&snapshot, chaos.scheduler_kills(), &published);
     println!(
-        "tasks lost in the Gitea fetch window and failed by the forge's reaper: {:?}",
+        "tasks lost in the Gitea fetch window (failed by the forge's reaper or cancelled): {:?}",
         zombies.fetch_window
     );
     if !zombies.violations.is_empty() {
         return Err(report(
             &chaos,
             &mut system,
-            format!("zombie tasks: {:#?}", zombies.violations),
+            format!(
+                "tasks stopped without an explanation: {:#?}",
+                zombies.violations
+            ),
         )
         .await);
     }
