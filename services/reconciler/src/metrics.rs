@@ -2,7 +2,7 @@
 //! workloads among them), projection progress per stream, queue depth and slots per backend.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
@@ -71,91 +71,74 @@ struct ProjectionCollector {
     projectors: Vec<(&'static str, Arc<ProjectorState>)>,
 }
 
-impl Collector for ProjectionCollector {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let c = ConstCounter::new(0u64);
-        {
-            let mut applied = encoder.encode_descriptor(
-                "projection_applied",
-                "Messages applied to the projection",
-                None,
-                c.metric_type(),
-            )?;
-            for (stream, s) in &self.projectors {
-                let labels = [("stream", *stream)];
-                ConstCounter::new(s.applied.load(Ordering::Relaxed))
-                    .encode(applied.encode_family(&labels)?)?;
-            }
-        }
-        {
-            let g = ConstGauge::new(0i64);
-            let mut checkpoint = encoder.encode_descriptor(
-                "projection_checkpoint",
-                "Last stream sequence applied",
-                None,
-                g.metric_type(),
-            )?;
-            for (stream, s) in &self.projectors {
-                let labels = [("stream", *stream)];
-                ConstGauge::new(s.checkpoint.load(Ordering::Relaxed) as i64)
-                    .encode(checkpoint.encode_family(&labels)?)?;
-            }
-        }
-        {
-            let mut quarantined = encoder.encode_descriptor(
-                "projection_quarantined",
-                "Messages the projection could not apply, recorded in the quarantine table and skipped",
-                None,
-                c.metric_type(),
-            )?;
-            for (stream, s) in &self.projectors {
-                let labels = [("stream", *stream)];
-                ConstCounter::new(s.quarantined.load(Ordering::Relaxed))
-                    .encode(quarantined.encode_family(&labels)?)?;
-            }
-        }
-        {
-            let g = ConstGauge::new(0i64);
-            let mut pending = encoder.encode_descriptor(
-                "projection_pending",
-                "Messages the stream holds that the projection has not read yet",
-                None,
-                g.metric_type(),
-            )?;
-            for (stream, s) in &self.projectors {
-                let labels = [("stream", *stream)];
-                ConstGauge::new(
-                    i64::try_from(s.pending.load(Ordering::Relaxed)).unwrap_or(i64::MAX),
-                )
-                .encode(pending.encode_family(&labels)?)?;
-            }
-        }
-        {
-            let g = ConstGauge::new(0f64);
-            let mut lag = encoder.encode_descriptor(
-                "projection_lag_seconds",
-                "Age of the oldest stream message not yet in the projection (an upper bound; 0 when caught up)",
-                None,
-                g.metric_type(),
-            )?;
-            let now = jr_protocol::now_ms();
-            for (stream, s) in &self.projectors {
-                let labels = [("stream", *stream)];
-                ConstGauge::new(s.lag_ms(now) as f64 / 1000.0)
-                    .encode(lag.encode_family(&labels)?)?;
-            }
-        }
-        let mut errors = encoder.encode_descriptor(
-            "projection_store_errors",
-            "Failed projection transactions",
-            None,
-            c.metric_type(),
-        )?;
-        for (stream, s) in &self.projectors {
-            let labels = [("stream", *stream)];
-            ConstCounter::new(s.store_errors.load(Ordering::Relaxed))
-                .encode(errors.encode_family(&labels)?)?;
+impl ProjectionCollector {
+    /// One family `name` with a `stream` label: `value` of each projector.
+    fn per_stream<M: EncodeMetric>(
+        &self,
+        encoder: &mut DescriptorEncoder,
+        name: &str,
+        help: &str,
+        value: impl Fn(&ProjectorState) -> M,
+    ) -> Result<(), std::fmt::Error> {
+        let metrics: Vec<(&str, M)> = self
+            .projectors
+            .iter()
+            .map(|(stream, state)| (*stream, value(state)))
+            .collect();
+        let Some(kind) = metrics.first().map(|(_, m)| m.metric_type()) else {
+            return Ok(());
+        };
+        let mut family = encoder.encode_descriptor(name, help, None, kind)?;
+        for (stream, metric) in metrics {
+            metric.encode(family.encode_family(&[("stream", stream)])?)?;
         }
         Ok(())
+    }
+}
+
+impl Collector for ProjectionCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let count = |n: &AtomicU64| ConstCounter::new(n.load(Ordering::Relaxed));
+        let gauge = |n: &AtomicU64| {
+            ConstGauge::new(i64::try_from(n.load(Ordering::Relaxed)).unwrap_or(i64::MAX))
+        };
+        let e = &mut encoder;
+        self.per_stream(
+            e,
+            "projection_applied",
+            "Messages applied to the projection",
+            |s| count(&s.applied),
+        )?;
+        self.per_stream(
+            e,
+            "projection_checkpoint",
+            "Last stream sequence applied",
+            |s| gauge(&s.checkpoint),
+        )?;
+        self.per_stream(
+            e,
+            "projection_quarantined",
+            "Messages the projection could not apply, recorded in the quarantine table and skipped",
+            |s| count(&s.quarantined),
+        )?;
+        self.per_stream(
+            e,
+            "projection_pending",
+            "Messages the stream holds that the projection has not read yet",
+            |s| gauge(&s.pending),
+        )?;
+        let now = jr_protocol::now_ms();
+        self.per_stream(
+            e,
+            "projection_lag_seconds",
+            "Age of the oldest stream message not yet in the projection (an upper bound; 0 when caught up)",
+            |s| ConstGauge::new(s.lag_ms(now) as f64 / 1000.0),
+        )?;
+        self.per_stream(
+            e,
+            "projection_store_errors",
+            "Failed projection transactions",
+            |s| count(&s.store_errors),
+        )
     }
 }

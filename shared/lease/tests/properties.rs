@@ -83,6 +83,28 @@ enum Event<V> {
     },
 }
 
+/// A write reaching the key: applied if its expected revision still holds; its answer reaches
+/// the replica later unless lost. Whether the replica will hear of its success.
+#[expect(clippy::too_many_arguments, reason = "one event's whole context")]
+fn apply<V: Clone>(
+    key: &mut Key<V>,
+    rng: &mut Rng,
+    f: Faults,
+    now: u64,
+    replica: usize,
+    value: V,
+    expected: Option<u64>,
+    ack: bool,
+    queue: &mut Vec<(u64, u64, Event<V>)>,
+) -> bool {
+    if key.write(value.clone(), expected) && ack {
+        let at = now + rng.below(f.max_delay + 1);
+        queue.push((at, 0, Event::Acked { replica, value }));
+        return true;
+    }
+    false
+}
+
 /// Runs `horizon` ms of real time; `on` handles each event and may schedule more.
 fn run<V>(
     rng: &mut Rng,
@@ -153,10 +175,7 @@ proptest! {
                 }
             }
             Event::Apply { replica, value, expected, ack } => {
-                if key.write(value.clone(), expected) && ack {
-                    let at = now + rng.below(f.max_delay + 1);
-                    queue.push((at, 0, Event::Acked { replica, value }));
-                }
+                apply(&mut key, rng, f, now, replica, value, expected, ack, queue);
             }
             Event::Acked { replica, value } => {
                 let end = real(replica, value.acting_until(&policy));
@@ -219,10 +238,7 @@ proptest! {
                     }
                 }
                 Event::Apply { replica, value, expected, ack } => {
-                    if key.write(value.clone(), expected) && ack {
-                        let at = now + rng.below(f.max_delay + 1);
-                        queue.push((at, 0, Event::Acked { replica, value }));
-                    } else {
+                    if !apply(&mut key, rng, f, now, replica, value, expected, ack, queue) {
                         // Refused, or its answer lost: the replica gives up on this write.
                         in_flight[replica] = false;
                     }

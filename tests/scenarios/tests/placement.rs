@@ -154,13 +154,7 @@ async fn a_provider_drained_mid_run_gets_no_new_work_and_its_running_work_finish
     // The status page shows the slots each provider holds.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
-        let status: serde_json::Value = reqwest::get(format!(
-            "http://127.0.0.1:{}/api/status",
-            system.ports.status
-        ))
-        .await?
-        .json()
-        .await?;
+        let status = api_status(&system).await?;
         let pod = status["backends"]
             .as_array()
             .and_then(|b| b.iter().find(|b| b["name"] == "pod"))
@@ -359,6 +353,18 @@ fn jr_cmd(system: &System, group: &str, args: &[&str]) -> anyhow::Result<String>
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// The reconciler's `/api/status`.
+async fn api_status(system: &System) -> anyhow::Result<serde_json::Value> {
+    Ok(reqwest::get(format!(
+        "http://127.0.0.1:{}/api/status",
+        system.ports.status
+    ))
+    .await?
+    .error_for_status()?
+    .json()
+    .await?)
+}
+
 fn jr(system: &System, args: &[&str]) -> anyhow::Result<String> {
     jr_cmd(system, "burst", args)
 }
@@ -442,13 +448,7 @@ job = "protected-*"
         (shown["enabled"].as_bool(), shown["percent"].as_u64()),
         (Some(true), Some(30))
     );
-    let status: serde_json::Value = reqwest::get(format!(
-        "http://127.0.0.1:{}/api/status",
-        system.ports.status
-    ))
-    .await?
-    .json()
-    .await?;
+    let status = api_status(&system).await?;
     assert_eq!(status["burst"]["percent"].as_u64(), Some(30), "{status}");
     let jobs: Vec<String> = (0..100).map(|n| format!("job-{n}")).collect();
     let protected: Vec<String> = (0..10).map(|n| format!("protected-{n}")).collect();

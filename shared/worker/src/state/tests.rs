@@ -284,16 +284,7 @@ fn a_delete_racing_the_create_waits_for_its_answer() {
 #[test]
 fn a_deleted_workload_is_released_once_when_gone() {
     let now = Instant::now();
-    let mut s = ready(1, now);
-    deliver(&mut s, 1, key(1, 1), BusFacts::default(), now);
-    s.on(
-        Input::CreateAnswered {
-            delivery: DeliveryId(1),
-            key: key(1, 1),
-            answer: CreateAnswer::Created("w1".into()),
-        },
-        now,
-    );
+    let mut s = live(now);
     let del = |d| Input::DeleteRequested {
         delivery: DeliveryId(d),
         key: key(1, 1),
