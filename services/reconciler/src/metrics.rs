@@ -34,6 +34,8 @@ pub struct ReconcilerMetrics {
     /// How long the longest-waiting pending assignment has waited since its fetch, seconds
     /// (0 when nothing waits).
     pub oldest_wait: Family<BackendLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    /// 1 while this replica holds the reconciler lease (projects and plans), else 0.
+    pub leader: Gauge,
 }
 
 impl ReconcilerMetrics {
@@ -42,6 +44,11 @@ impl ReconcilerMetrics {
         registry: &mut Registry,
         projectors: Vec<(&'static str, Arc<ProjectorState>)>,
     ) {
+        registry.register(
+            "reconciler_leader",
+            "1 while this replica holds the reconciler lease (projects and plans), 0 on a standby",
+            self.leader.clone(),
+        );
         registry.register(
             "reconciler_commands",
             "Commands issued, by kind",

@@ -105,26 +105,11 @@ pub async fn run(p: Process) -> anyhow::Result<()> {
     };
     p.readiness.set("database", true);
 
-    let feed = Arc::new(Feed::new());
     let states: Vec<(&'static str, Arc<ProjectorState>)> = [STREAM_ASSIGNMENTS, STREAM_EVENTS]
         .into_iter()
         .map(|s| (s, Arc::new(ProjectorState::default())))
         .collect();
     let mut tasks = TaskSet::new(p.shutdown.clone());
-    for (stream, state) in &states {
-        let (bus, store, state, feed, stop) = (
-            p.bus.clone(),
-            store.clone(),
-            state.clone(),
-            feed.clone(),
-            shutdown.clone(),
-        );
-        let (stream, max_batch, linger) = (*stream, cfg.max_batch, cfg.batch_linger);
-        tasks.spawn(format!("projector {stream}"), async move {
-            projector::run(bus, store, stream, max_batch, linger, state, feed, stop).await
-        });
-    }
-
     let status = Arc::new(StatusState {
         store: store.clone(),
         bus: p.bus.clone(),
@@ -160,7 +145,123 @@ pub async fn run(p: Process) -> anyhow::Result<()> {
 
     let metrics = Arc::new(ReconcilerMetrics::default());
     metrics.register(&mut p.metrics.registry(), states.clone());
-    let mut planner = IncrementalPlanner::new(planner_config(&cfg), REISSUE_AFTER);
+
+    // One replica projects and plans: the holder of the lease in `JR_RECONCILER`. Any replica
+    // serves the status API (it reads the projection).
+    let policy = lease_policy(&p.config)?;
+    let lease_store = ensure_reconciler_bucket(&p.bus, p.config.nats.stream_replicas)
+        .await
+        .context("declaring the KV bucket JR_RECONCILER")?;
+    let me = jr_bus::lease::replica_id("reconciler");
+    tracing::info!(replica = %me, "reconciler replica");
+    let mut leadership = jr_bus::lease::spawn_lease(
+        jr_bus::lease::LeaseSpec {
+            store: lease_store,
+            key: LEASE_KEY.to_owned(),
+            me,
+            policy,
+        },
+        shutdown.clone(),
+    );
+    let mut result = Ok(());
+    loop {
+        // A standby has nothing to project: it is ready to serve the status API.
+        p.readiness.set("projection", true);
+        let Some(term) = leadership.until_acting(&shutdown).await else {
+            break;
+        };
+        metrics.leader.set(1);
+        tracing::info!(
+            term,
+            "holding the reconciler lease: projecting and planning"
+        );
+        let lead = shutdown.child_token();
+        let watch = {
+            let (mut l, lead) = (leadership.clone(), lead.clone());
+            tokio::spawn(async move {
+                l.lost().await;
+                lead.cancel();
+            })
+        };
+        result = lead_term(&p, &store, &states, &metrics, lead).await;
+        watch.abort();
+        metrics.leader.set(0);
+        if result.is_err() || shutdown.is_cancelled() {
+            break;
+        }
+        tracing::warn!("lost the reconciler lease: projecting and planning stop");
+    }
+    shutdown.cancel();
+    let report = tasks.join_all(Duration::from_secs(15)).await;
+    result?;
+    anyhow::ensure!(
+        report.is_clean(),
+        "reconciler tasks failed: {:?} unfinished: {:?}",
+        report.failed,
+        report.unfinished
+    );
+    Ok(())
+}
+
+/// The key of the reconciler's lease in [`jr_bus::permissions::RECONCILER_BUCKET`].
+const LEASE_KEY: &str = "lease.reconciler";
+
+/// The lease timing of `[lease]`.
+fn lease_policy(config: &jr_config::Config) -> anyhow::Result<jr_lease::Policy> {
+    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    jr_lease::Policy::new(ms(config.lease.ttl), ms(config.lease.max_clock_skew)).context("[lease]")
+}
+
+/// The reconciler's KV bucket (its lease), created when missing.
+async fn ensure_reconciler_bucket(
+    bus: &jr_bus::Bus,
+    replicas: usize,
+) -> anyhow::Result<jr_bus::async_nats::jetstream::kv::Store> {
+    use jr_bus::async_nats::jetstream::kv;
+    let bucket = jr_bus::permissions::RECONCILER_BUCKET;
+    if let Ok(store) = bus.jetstream().get_key_value(bucket).await {
+        return Ok(store);
+    }
+    Ok(bus
+        .jetstream()
+        .create_key_value(kv::Config {
+            bucket: bucket.to_owned(),
+            description: "the reconciler's lease (key lease.reconciler)".into(),
+            history: 1,
+            num_replicas: replicas,
+            ..Default::default()
+        })
+        .await?)
+}
+
+/// Projects both streams and plans while `lead` holds: the projectors start from the stored
+/// checkpoints and the planner from the projection, as at start, so a replica that takes over
+/// continues exactly where the last holder's commits ended.
+async fn lead_term(
+    p: &Process,
+    store: &Store,
+    states: &[(&'static str, Arc<ProjectorState>)],
+    metrics: &Arc<ReconcilerMetrics>,
+    lead: CancellationToken,
+) -> anyhow::Result<()> {
+    let cfg = &p.config.reconciler;
+    let feed = Arc::new(Feed::new());
+    let mut tasks = TaskSet::new(jr_telemetry::Shutdown::from(lead.clone()));
+    for (stream, state) in states {
+        state.caught_up.store(false, Ordering::Release);
+        let (bus, store, state, feed, stop) = (
+            p.bus.clone(),
+            store.clone(),
+            state.clone(),
+            feed.clone(),
+            lead.clone(),
+        );
+        let (stream, max_batch, linger) = (*stream, cfg.max_batch, cfg.batch_linger);
+        tasks.spawn(format!("projector {stream}"), async move {
+            projector::run(bus, store, stream, max_batch, linger, state, feed, stop).await
+        });
+    }
+    let mut planner = IncrementalPlanner::new(planner_config(cfg), REISSUE_AFTER);
     let mut executor = Executor::new(p.bus.clone(), metrics.clone(), REISSUE_AFTER)
         .with_traces(feed.traces.clone());
     let backends: Vec<BackendName> = p.config.enabled_backends().map(|(n, _)| n).collect();
@@ -188,12 +289,13 @@ pub async fn run(p: Process) -> anyhow::Result<()> {
             .all(|(_, s)| s.caught_up.load(Ordering::Acquire));
         p.readiness.set("projection", caught_up);
         now = now_ms().max(now);
-        // Planning on a projection that is still replaying would act on old state.
-        if caught_up && !feed.needs_reload() {
+        // Planning on a projection that is still replaying would act on old state; a replica
+        // whose lease ran out plans nothing more.
+        if caught_up && !feed.needs_reload() && !lead.is_cancelled() {
             let commands = planner.plan(now);
             let failed = executor.execute(&commands, now).await;
             planner.not_issued(&failed);
-            update_gauges(&planner, &metrics, &backends);
+            update_gauges(&planner, metrics, &backends);
         }
         // Until the next deadline (at least a gap, at most `plan_interval`), or a projected batch.
         let wait = planner
@@ -203,7 +305,7 @@ pub async fn run(p: Process) -> anyhow::Result<()> {
             })
             .clamp(MIN_PLAN_GAP, cfg.plan_interval.max(MIN_PLAN_GAP));
         tokio::select! {
-            _ = shutdown.cancelled() => break,
+            _ = lead.cancelled() => break,
             _ = tokio::time::sleep(wait) => {}
             // Newly projected facts are planned on promptly, but a busy stream does not make
             // cycles back to back.
@@ -213,7 +315,7 @@ pub async fn run(p: Process) -> anyhow::Result<()> {
     let report = tasks.join_all(Duration::from_secs(15)).await;
     anyhow::ensure!(
         report.is_clean(),
-        "reconciler tasks failed: {:?} unfinished: {:?}",
+        "projector tasks failed: {:?} unfinished: {:?}",
         report.failed,
         report.unfinished
     );

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use jr_bus::lease::Leadership;
 use jr_bus::{Bus, ConsumerSpec};
 use jr_config::ForgeFlavor;
 use jr_forge::proto::runner::v1::{FetchTaskRequest, Task};
@@ -32,6 +33,11 @@ use crate::unclaimed::Unclaimed;
 /// How often a registration with no room looks again.
 const ROOM_RECHECK: Duration = Duration::from_millis(50);
 
+/// A fetch starts only with at least this much of the lease left, so the reply normally
+/// arrives while this replica still holds it (a renewal comes a third into the TTL, long
+/// before this margin).
+const FETCH_LEASE_MARGIN: Duration = Duration::from_millis(500);
+
 /// Everything a fetcher needs; shared by all fetch loops.
 pub struct Dispatcher {
     pub bus: Bus,
@@ -44,6 +50,12 @@ pub struct Dispatcher {
     /// `backend.<name>.lookahead`.
     pub lookahead: BTreeMap<BackendName, usize>,
     pub unclaimed: Arc<Unclaimed>,
+    /// How far back a fetched task can still be waiting for a claim (the forge's endless-task
+    /// horizon): what a new lease holder replays to keep those tasks alive.
+    pub unclaimed_horizon: Duration,
+    /// The fetch lease of each registration (by name); a registration without one always
+    /// fetches (a single replica, tests).
+    pub leases: BTreeMap<String, Leadership>,
     pub stats: DispatchStats,
 }
 
@@ -54,6 +66,8 @@ pub struct DispatchStats {
     pub duplicates: AtomicU64,
     pub unroutable: AtomicU64,
     pub fetch_errors: AtomicU64,
+    /// Times this replica became the fetching replica of a registration (with leases).
+    pub takeovers: AtomicU64,
     /// Fetch decisions skipped because no backend of the registration had room.
     pub paused: AtomicU64,
     /// Most FetchTask calls in flight at once under one registration (always 1 here; the
@@ -337,6 +351,13 @@ async fn fetch_loop(
     // tasks and read again after any fetch that does not (or a pause), which bounds what a
     // redispatch can add to one backend's waiting assignments.
     let mut budget = 0_usize;
+    let mut leadership = d
+        .leases
+        .get(&registration.name)
+        .cloned()
+        .unwrap_or_else(Leadership::always);
+    // The lease term this loop last fetched under.
+    let mut term: Option<u64> = None;
     loop {
         if !wait.is_zero() {
             tokio::select! {
@@ -346,6 +367,51 @@ async fn fetch_loop(
         }
         if shutdown.is_cancelled() {
             return Ok(());
+        }
+        // Only the holder of the registration's lease fetches (any replica serves the facade).
+        match leadership.acting() {
+            Some(_) if leadership.remaining() < FETCH_LEASE_MARGIN => {
+                // Held but due for renewal: wait for it rather than fetch past the lease.
+                wait = Duration::from_millis(20);
+                continue;
+            }
+            Some(now_term) => {
+                if term != Some(now_term) {
+                    term = Some(now_term);
+                    // New holder of the lease: what another replica did meanwhile is unknown
+                    // here. The request key is read again, the tasks version starts over and
+                    // the tasks it fetched that wait for a claim get their heartbeats here.
+                    keys = None;
+                    version = TasksVersion::new(pacing.version_reset_interval);
+                    budget = 0;
+                    if !d.leases.is_empty() {
+                        d.stats.takeovers.fetch_add(1, Ordering::Relaxed);
+                        match d
+                            .unclaimed
+                            .rebuild(&d.bus, &registration.backends, d.unclaimed_horizon)
+                            .await
+                        {
+                            Ok(n) => {
+                                tracing::info!(registration = %registration.name, term = now_term, unclaimed = n, "fetching for this registration")
+                            }
+                            Err(e) => {
+                                tracing::warn!(registration = %registration.name, error = %e, "cannot replay the unclaimed tasks; their keepalives start with their next fetch")
+                            }
+                        }
+                        continue;
+                    }
+                }
+            }
+            None => {
+                if term.take().is_some() {
+                    tracing::warn!(registration = %registration.name, "lease lost: fetching stops");
+                }
+                if leadership.until_acting(shutdown).await.is_none() {
+                    return Ok(());
+                }
+                wait = Duration::ZERO;
+                continue;
+            }
         }
         // The forge hands a task out once: one fetched while NATS is unreachable cannot be made
         // durable until the bus is back, and is lost if the scheduler stops meanwhile. Fetch
@@ -412,6 +478,12 @@ async fn fetch_loop(
                     .collect();
                 version.after_reply(sent, reply.tasks_version, !tasks.is_empty());
                 if tasks.is_empty() {
+                    if let Some(keys) = keys.as_mut()
+                        && keys.reused()
+                        && let Err(e) = keys.rotate().await
+                    {
+                        tracing::warn!(registration = %registration.name, error = %e, "cannot rotate the request key");
+                    }
                     budget = 0;
                     wait = jittered(pacing.poll_interval);
                     continue;

@@ -10,7 +10,9 @@ use jr_forge::ForgeClient;
 use jr_protocol::BackendName;
 use tokio_util::sync::CancellationToken;
 
-use crate::registration::{RegistrationError, RunnerIdentity, establish_declared};
+use crate::registration::{
+    RegistrationError, RunnerIdentity, SharedCredentials, establish_declared,
+};
 use crate::routing::Router;
 
 /// One forge registration and the backends it fetches for.
@@ -75,9 +77,23 @@ impl Forges {
 
     /// Registers (or reuses the credentials of) every runner the configured layout needs and
     /// declares its labels.
+    /// The names of the registrations `config` asks for (`shared`, or each enabled backend's).
+    pub fn registration_names(config: &Config) -> Vec<String> {
+        match config.forge.layout() {
+            RegistrationLayout::Shared => vec!["shared".to_owned()],
+            RegistrationLayout::PerBackend => config
+                .enabled_backends()
+                .map(|(n, _)| n.to_string())
+                .collect(),
+        }
+    }
+
+    /// `shared`: per registration name, where replicas share registered credentials (none:
+    /// only the credentials file).
     pub async fn establish(
         config: &Config,
         router: &Router,
+        shared: &BTreeMap<String, SharedCredentials>,
         shutdown: &CancellationToken,
     ) -> Result<Forges, RegistrationError> {
         let forge = &config.forge;
@@ -95,6 +111,7 @@ impl Forges {
                     forge,
                     &RunnerIdentity::shared(forge),
                     router.declared_labels(),
+                    shared.get("shared"),
                     shutdown,
                 )
                 .await?;
@@ -117,9 +134,14 @@ impl Forges {
                 }
                 for (name, backend) in config.enabled_backends() {
                     let identity = RunnerIdentity::per_backend(forge, name.as_str(), backend);
-                    let (client, capabilities) =
-                        establish_declared(forge, &identity, router.labels_of(&name), shutdown)
-                            .await?;
+                    let (client, capabilities) = establish_declared(
+                        forge,
+                        &identity,
+                        router.labels_of(&name),
+                        shared.get(name.as_str()),
+                        shutdown,
+                    )
+                    .await?;
                     registrations.push(Registration {
                         name: name.to_string(),
                         client,

@@ -85,6 +85,30 @@ impl<L: Ledger> Collector for SchedulerCollector<L> {
             )?;
             g.encode(metric)?;
         }
+        counter(
+            e,
+            "scheduler_fetch_takeovers",
+            "Times this replica took over fetching for a registration (its lease)",
+            d.takeovers.load(Ordering::Relaxed),
+        )?;
+        {
+            let g = ConstGauge::new(0i64);
+            let mut family = e.encode_descriptor(
+                "scheduler_fetch_leader",
+                "1 while this replica holds the registration's lease and fetches for it, else 0",
+                None,
+                g.metric_type(),
+            )?;
+            for registration in self.dispatcher.forges.registrations() {
+                let acting = self
+                    .dispatcher
+                    .leases
+                    .get(&registration.name)
+                    .is_none_or(|l| l.acting().is_some());
+                let labels = [("registration", registration.name.as_str())];
+                ConstGauge::new(i64::from(acting)).encode(family.encode_family(&labels)?)?;
+            }
+        }
         let f = self.facade.stats();
         {
             let c = ConstCounter::new(0u64);

@@ -2,7 +2,11 @@
 //! token used once; then `Declare` of every enabled backend's labels at each start.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
+
+use jr_bus::async_nats::jetstream::kv;
+use jr_bus::lease::Leadership;
 
 use jr_config::ForgeConfig;
 use jr_forge::proto::ping::v1::PingRequest;
@@ -33,6 +37,8 @@ pub enum RegistrationError {
     Config(#[from] jr_config::ConfigError),
     #[error("forge client: {0}")]
     Client(#[source] ForgeError),
+    #[error("runner credentials in the KV bucket JR_SCHEDULER ({key}): {message}")]
+    Shared { key: String, message: String },
     #[error("shut down while waiting for the forge")]
     Shutdown,
 }
@@ -97,6 +103,78 @@ fn write_stored(path: &Path, creds: &Credentials, id: i64) -> Result<(), Registr
         .map_err(|e| err(e.to_string()))?;
     drop(file);
     std::fs::rename(&tmp, path).map_err(|e| err(e.to_string()))
+}
+
+/// Registered runner credentials shared by the scheduler's replicas: sealed with the scheduler's
+/// seal key (NATS readers see no token) in the KV bucket `JR_SCHEDULER` under
+/// `credentials.<registration>`. Only the replica holding the registration's lease registers a
+/// runner; the others wait for its record, so replicas never register two runners.
+#[derive(Clone)]
+pub struct SharedCredentials {
+    pub store: kv::Store,
+    pub sealer: Arc<crate::seal::Sealer>,
+    pub leadership: Leadership,
+    pub registration: String,
+}
+
+impl SharedCredentials {
+    fn key(&self) -> String {
+        format!("credentials.{}", self.registration)
+    }
+
+    fn purpose(&self) -> String {
+        format!("runner-credentials/{}", self.registration)
+    }
+
+    fn error(&self, message: impl std::fmt::Display) -> RegistrationError {
+        RegistrationError::Shared {
+            key: self.key(),
+            message: message.to_string(),
+        }
+    }
+
+    /// The stored credentials, if any.
+    pub async fn load(&self) -> Result<Option<Credentials>, RegistrationError> {
+        let Some(bytes) = self
+            .store
+            .get(self.key())
+            .await
+            .map_err(|e| self.error(e))?
+        else {
+            return Ok(None);
+        };
+        let sealed: jr_protocol::SealedTask =
+            serde_json::from_slice(&bytes).map_err(|e| self.error(e))?;
+        let plain = self
+            .sealer
+            .open_record(&self.purpose(), &sealed)
+            .map_err(|e| self.error(format!("{e}; keep the sealing key listed in scheduler.seal_keys, or delete the key to register anew")))?;
+        let stored: StoredCredentials =
+            serde_json::from_slice(&plain).map_err(|e| self.error(e))?;
+        Ok(Some(Credentials {
+            uuid: stored.uuid,
+            token: stored.token,
+        }))
+    }
+
+    pub async fn save(&self, creds: &Credentials, id: i64) -> Result<(), RegistrationError> {
+        let plain = serde_json::to_vec(&StoredCredentials {
+            uuid: creds.uuid.clone(),
+            token: creds.token.clone(),
+            id,
+        })
+        .map_err(|e| self.error(e))?;
+        let sealed = self
+            .sealer
+            .seal_record(&self.purpose(), &plain)
+            .map_err(|e| self.error(e))?;
+        let value = serde_json::to_vec(&sealed).map_err(|e| self.error(e))?;
+        self.store
+            .put(self.key(), value.into())
+            .await
+            .map_err(|e| self.error(e))?;
+        Ok(())
+    }
 }
 
 /// Waits until the forge answers Ping, retrying with capped backoff (the forge may be starting).
@@ -179,6 +257,85 @@ impl RunnerIdentity {
     }
 }
 
+/// Registers a new runner with the registration token and keeps its credentials in the file.
+async fn register_new(
+    cfg: &ForgeConfig,
+    identity: &RunnerIdentity,
+    labels: &[String],
+    anonymous: &ForgeClient,
+) -> Result<Credentials, RegistrationError> {
+    register_new_with_id(cfg, identity, labels, anonymous)
+        .await
+        .map(|(c, _)| c)
+}
+
+async fn register_new_with_id(
+    cfg: &ForgeConfig,
+    identity: &RunnerIdentity,
+    labels: &[String],
+    anonymous: &ForgeClient,
+) -> Result<(Credentials, i64), RegistrationError> {
+    let token = jr_config::read_secret(
+        "forge.registration_token",
+        &cfg.registration_token,
+        &cfg.registration_token_file,
+    )?
+    .ok_or(RegistrationError::NoCredentials)?;
+    let reply = anonymous
+        .register(&RegisterRequest {
+            name: identity.name.clone(),
+            token,
+            version: RUNNER_VERSION.to_owned(),
+            labels: labels.to_vec(),
+            ..Default::default()
+        })
+        .await
+        .map_err(RegistrationError::Refused)?;
+    let runner = reply.runner.unwrap_or_default();
+    let creds = Credentials {
+        uuid: runner.uuid,
+        token: runner.token,
+    };
+    write_stored(&identity.credentials_file, &creds, runner.id)?;
+    tracing::info!(runner = %identity.name, uuid = %creds.uuid, file = %identity.credentials_file.display(), "registered with the forge");
+    Ok((creds, runner.id))
+}
+
+/// The credentials another replica registered, or a new registration by this replica once it
+/// holds the registration's lease (and nobody stored credentials meanwhile).
+async fn obtain_shared(
+    cfg: &ForgeConfig,
+    identity: &RunnerIdentity,
+    labels: &[String],
+    anonymous: &ForgeClient,
+    shared: &SharedCredentials,
+    shutdown: &CancellationToken,
+) -> Result<Credentials, RegistrationError> {
+    let mut told = false;
+    loop {
+        if let Some(c) = shared.load().await? {
+            if let Err(e) = write_stored(&identity.credentials_file, &c, 0) {
+                tracing::warn!(error = %e, "cannot keep the shared runner credentials in the file");
+            }
+            tracing::info!(runner = %identity.name, uuid = %c.uuid, "using the runner credentials another replica registered");
+            return Ok(c);
+        }
+        if shared.leadership.acting().is_some() {
+            let (creds, id) = register_new_with_id(cfg, identity, labels, anonymous).await?;
+            shared.save(&creds, id).await?;
+            return Ok(creds);
+        }
+        if !told {
+            told = true;
+            tracing::info!(runner = %identity.name, "waiting for the replica holding the lease to register the runner");
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return Err(RegistrationError::Shutdown),
+            _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+        }
+    }
+}
+
 /// Returns a client carrying the runner's credentials, after a successful `Declare` of `labels`.
 pub async fn establish(
     cfg: &ForgeConfig,
@@ -186,7 +343,7 @@ pub async fn establish(
     labels: &[String],
     shutdown: &CancellationToken,
 ) -> Result<ForgeClient, RegistrationError> {
-    establish_declared(cfg, identity, labels, shutdown)
+    establish_declared(cfg, identity, labels, None, shutdown)
         .await
         .map(|(client, _)| client)
 }
@@ -197,6 +354,7 @@ pub async fn establish_declared(
     cfg: &ForgeConfig,
     identity: &RunnerIdentity,
     labels: &[String],
+    shared: Option<&SharedCredentials>,
     shutdown: &CancellationToken,
 ) -> Result<(ForgeClient, Option<String>), RegistrationError> {
     let anonymous =
@@ -214,33 +372,22 @@ pub async fn establish_declared(
     let creds = match configured {
         Some(c) => c,
         None => match read_stored(&identity.credentials_file)? {
-            Some(c) => c,
-            None => {
-                let token = jr_config::read_secret(
-                    "forge.registration_token",
-                    &cfg.registration_token,
-                    &cfg.registration_token_file,
-                )?
-                .ok_or(RegistrationError::NoCredentials)?;
-                let reply = anonymous
-                    .register(&RegisterRequest {
-                        name: identity.name.clone(),
-                        token,
-                        version: RUNNER_VERSION.to_owned(),
-                        labels: labels.to_vec(),
-                        ..Default::default()
-                    })
-                    .await
-                    .map_err(RegistrationError::Refused)?;
-                let runner = reply.runner.unwrap_or_default();
-                let creds = Credentials {
-                    uuid: runner.uuid,
-                    token: runner.token,
-                };
-                write_stored(&identity.credentials_file, &creds, runner.id)?;
-                tracing::info!(runner = %identity.name, uuid = %creds.uuid, file = %identity.credentials_file.display(), "registered with the forge");
-                creds
+            Some(c) => {
+                // Replicas without this file find them on the bus.
+                if let Some(shared) = shared
+                    && matches!(shared.load().await, Ok(None))
+                    && let Err(e) = shared.save(&c, 0).await
+                {
+                    tracing::warn!(error = %e, "cannot share the runner credentials with other replicas");
+                }
+                c
             }
+            None => match shared {
+                None => register_new(cfg, identity, labels, &anonymous).await?,
+                Some(shared) => {
+                    obtain_shared(cfg, identity, labels, &anonymous, shared, shutdown).await?
+                }
+            },
         },
     };
 

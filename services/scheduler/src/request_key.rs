@@ -24,26 +24,34 @@ pub struct RequestKeys {
     store: kv::Store,
     key: String,
     current: Option<String>,
+    /// The current key was found in the store (an earlier process's or replica's).
+    reused: bool,
+}
+
+/// The scheduler's KV bucket, created when missing (request keys and fetch leases).
+pub async fn open_bucket(bus: &Bus) -> Result<kv::Store, KeyStoreError> {
+    let js = bus.jetstream();
+    match js.get_key_value(BUCKET).await {
+        Ok(store) => Ok(store),
+        Err(_) => js
+            .create_key_value(kv::Config {
+                bucket: BUCKET.to_owned(),
+                history: 1,
+                ..Default::default()
+            })
+            .await
+            .map_err(err),
+    }
 }
 
 impl RequestKeys {
     pub async fn open(bus: &Bus, registration: &str) -> Result<RequestKeys, KeyStoreError> {
-        let js = bus.jetstream();
-        let store = match js.get_key_value(BUCKET).await {
-            Ok(store) => store,
-            Err(_) => js
-                .create_key_value(kv::Config {
-                    bucket: BUCKET.to_owned(),
-                    history: 1,
-                    ..Default::default()
-                })
-                .await
-                .map_err(err)?,
-        };
+        let store = open_bucket(bus).await?;
         Ok(RequestKeys {
             store,
             key: format!("request-key.{registration}"),
             current: None,
+            reused: false,
         })
     }
 
@@ -57,6 +65,7 @@ impl RequestKeys {
         let key = match stored.and_then(|b| String::from_utf8(b.to_vec()).ok()) {
             Some(k) if !k.is_empty() => {
                 tracing::info!(key = %k, "reusing the stored fetch request key");
+                self.reused = true;
                 k
             }
             _ => self.fresh().await?,
@@ -69,7 +78,16 @@ impl RequestKeys {
     pub async fn rotate(&mut self) -> Result<(), KeyStoreError> {
         let key = self.fresh().await?;
         self.current = Some(key);
+        self.reused = false;
         Ok(())
+    }
+
+    /// Whether the current key came from the store rather than from this process. An empty
+    /// reply to such a key means the forge has nothing left under it (its tasks ended while
+    /// no scheduler fetched, or it never brought any): the key must then be replaced, or every
+    /// later fetch would repeat it and get nothing.
+    pub fn reused(&self) -> bool {
+        self.reused
     }
 
     async fn fresh(&mut self) -> Result<String, KeyStoreError> {

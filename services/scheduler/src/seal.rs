@@ -58,6 +58,12 @@ impl<'a> SealScope<'a> {
     }
 }
 
+fn record_aad(purpose: &str) -> Vec<u8> {
+    let mut aad = b"jr-record-v1\0".to_vec();
+    aad.extend_from_slice(purpose.as_bytes());
+    aad
+}
+
 /// The scheduler's keyring: one current key for sealing, any listed key for opening.
 pub struct Sealer {
     current: String,
@@ -108,19 +114,36 @@ impl Sealer {
     }
 
     pub fn seal(&self, scope: SealScope<'_>, plaintext: &[u8]) -> Result<SealedTask, SealError> {
+        self.seal_aad(&scope.aad(), plaintext)
+    }
+
+    pub fn open(&self, scope: SealScope<'_>, sealed: &SealedTask) -> Result<Vec<u8>, SealError> {
+        self.open_aad(&scope.aad(), sealed)
+    }
+
+    /// Seals a record the scheduler keeps on the bus for its replicas (e.g. registered runner
+    /// credentials), bound to `purpose`: it opens only for the same purpose.
+    pub fn seal_record(&self, purpose: &str, plaintext: &[u8]) -> Result<SealedTask, SealError> {
+        self.seal_aad(&record_aad(purpose), plaintext)
+    }
+
+    pub fn open_record(&self, purpose: &str, sealed: &SealedTask) -> Result<Vec<u8>, SealError> {
+        self.open_aad(&record_aad(purpose), sealed)
+    }
+
+    fn seal_aad(&self, aad: &[u8], plaintext: &[u8]) -> Result<SealedTask, SealError> {
         let cipher = self
             .keys
             .get(&self.current)
             .ok_or_else(|| SealError::UnknownKey(self.current.clone()))?;
         let mut nonce = [0u8; 24];
         rand::rng().fill_bytes(&mut nonce);
-        let aad = scope.aad();
         let ciphertext = cipher
             .encrypt(
                 XNonce::from_slice(&nonce),
                 Payload {
                     msg: plaintext,
-                    aad: &aad,
+                    aad,
                 },
             )
             .map_err(|_| SealError::Open(self.current.clone()))?;
@@ -131,7 +154,7 @@ impl Sealer {
         })
     }
 
-    pub fn open(&self, scope: SealScope<'_>, sealed: &SealedTask) -> Result<Vec<u8>, SealError> {
+    fn open_aad(&self, aad: &[u8], sealed: &SealedTask) -> Result<Vec<u8>, SealError> {
         let cipher = self
             .keys
             .get(&sealed.key_id)
@@ -144,7 +167,7 @@ impl Sealer {
                 XNonce::from_slice(&sealed.nonce),
                 Payload {
                     msg: &sealed.ciphertext,
-                    aad: &scope.aad(),
+                    aad,
                 },
             )
             .map_err(|_| SealError::Open(sealed.key_id.clone()))
@@ -204,6 +227,25 @@ mod tests {
         let after = Sealer::new("new", &keys(&[("old", &old), ("new", &new)])).expect("keyring");
         assert_eq!(after.open(a, &sealed).expect("old key still listed"), b"x");
         assert_eq!(after.seal(a, b"y").expect("seal").key_id, "new");
+    }
+
+    #[test]
+    fn a_sealed_record_opens_only_for_its_purpose() {
+        let s = Sealer::new("k1", &keys(&[("k1", &Sealer::generate_key())])).expect("keyring");
+        let sealed = s
+            .seal_record("runner-credentials/pod", b"token")
+            .expect("seal");
+        assert_eq!(
+            s.open_record("runner-credentials/pod", &sealed)
+                .expect("open"),
+            b"token"
+        );
+        assert!(s.open_record("runner-credentials/vm", &sealed).is_err());
+        let a = AssignmentId::for_task("f", 1);
+        assert!(
+            s.open(SealScope::new(a, &backend("pod"), 1), &sealed)
+                .is_err()
+        );
     }
 
     #[test]

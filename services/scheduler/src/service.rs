@@ -13,6 +13,7 @@ use crate::facade::{Facade, FacadeSettings, TlsSettings, serve};
 use crate::fetcher::{Dispatcher, Pacing, run_fetchers};
 use crate::forges::Forges;
 use crate::ledger::JetStreamLedger;
+use crate::registration::SharedCredentials;
 use crate::routing::Router;
 use crate::seal::Sealer;
 use crate::unclaimed::Unclaimed;
@@ -91,6 +92,12 @@ pub fn token_keys_from_config(
     Ok(keys)
 }
 
+/// The lease timing of `[lease]` (validated with the rest of the config).
+pub fn lease_policy(config: &Config) -> anyhow::Result<jr_lease::Policy> {
+    let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    jr_lease::Policy::new(ms(config.lease.ttl), ms(config.lease.max_clock_skew)).context("[lease]")
+}
+
 pub fn tls_from_config(config: &Config) -> anyhow::Result<Option<TlsSettings>> {
     let f = &config.facade;
     let (Some(cert), Some(key)) = (&f.tls_cert_file, &f.tls_key_file) else {
@@ -124,7 +131,44 @@ pub async fn run(
     .context("declaring streams and consumers")?;
     ready("nats", true);
 
-    let forges = Forges::establish(&config, &router, &shutdown).await?;
+    // One fetching replica per registration: the holder of its lease in `JR_SCHEDULER`. It
+    // registers the runner when none is known yet (the others wait for its sealed credentials)
+    // and replays the tasks fetched before and still waiting for a claim when it takes over.
+    let policy = lease_policy(&config)?;
+    let store = crate::request_key::open_bucket(&bus)
+        .await
+        .context("opening the KV bucket JR_SCHEDULER")?;
+    let me = jr_bus::lease::replica_id("scheduler");
+    tracing::info!(replica = %me, "scheduler replica");
+    let leases: BTreeMap<String, jr_bus::lease::Leadership> = Forges::registration_names(&config)
+        .into_iter()
+        .map(|name| {
+            let spec = jr_bus::lease::LeaseSpec {
+                store: store.clone(),
+                key: format!("lease.{name}"),
+                me: me.clone(),
+                policy,
+            };
+            let leadership = jr_bus::lease::spawn_lease(spec, shutdown.clone());
+            (name, leadership)
+        })
+        .collect();
+    let shared: BTreeMap<String, SharedCredentials> = leases
+        .iter()
+        .map(|(name, leadership)| {
+            (
+                name.clone(),
+                SharedCredentials {
+                    store: store.clone(),
+                    sealer: sealer.clone(),
+                    leadership: leadership.clone(),
+                    registration: name.clone(),
+                },
+            )
+        })
+        .collect();
+
+    let forges = Forges::establish(&config, &router, &shared, &shutdown).await?;
     ready("forge", true);
 
     let backends: Vec<_> = config.enabled_backends().map(|(n, _)| n).collect();
@@ -145,12 +189,6 @@ pub async fn run(
         .max()
         .unwrap_or(std::time::Duration::from_secs(3 * 3600))
         + std::time::Duration::from_secs(600);
-    match unclaimed.rebuild(&bus, &backends, horizon).await {
-        Ok(n) => tracing::info!(unclaimed = n, "fetched tasks waiting for a claim"),
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot rebuild the unclaimed tasks; their keepalives start with the next fetch")
-        }
-    }
     let dispatcher = Arc::new(Dispatcher {
         bus: bus.clone(),
         forges: forges.clone(),
@@ -160,6 +198,8 @@ pub async fn run(
         max_duration,
         lookahead,
         unclaimed: unclaimed.clone(),
+        unclaimed_horizon: horizon,
+        leases,
         stats: Default::default(),
     });
     let token_keys = token_keys_from_config(&config)?;

@@ -227,6 +227,28 @@ pub async fn withdraw(
     ))
 }
 
+/// Whether the bus already holds the assignment's `claimed` or `terminal`. A read failure
+/// counts as not settled (one heartbeat too many is harmless).
+async fn settled_on_bus(bus: &Bus, id: AssignmentId, waiting: &Waiting) -> bool {
+    for kind in [Kind::Claimed, Kind::Terminal] {
+        match bus
+            .last_on_subject(STREAM_EVENTS, &subject::event(&waiting.backend, id, kind))
+            .await
+        {
+            Ok(Some((_, envelope)))
+                if envelope.attempt >= waiting.attempt || kind == Kind::Terminal =>
+            {
+                return true;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::debug!(assignment = %id, error = %e, "cannot read whether the task was claimed")
+            }
+        }
+    }
+    false
+}
+
 /// Sends due heartbeats until shutdown.
 pub async fn run_keepalive(
     unclaimed: Arc<Unclaimed>,
@@ -244,6 +266,11 @@ pub async fn run_keepalive(
                 unclaimed.settled(id);
                 continue;
             };
+            // Another scheduler replica's facade may have served the claim (or the result).
+            if settled_on_bus(&bus, id, &waiting).await {
+                unclaimed.settled(id);
+                continue;
+            }
             match keepalive(client, waiting.forge_task_id).await {
                 Ok(None) => unclaimed.reschedule(id, Instant::now() + unclaimed.interval),
                 Ok(Some(result)) => match withdraw(&bus, id, &waiting, result).await {

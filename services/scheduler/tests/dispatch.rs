@@ -310,6 +310,95 @@ async fn forge_errors_and_latency_do_not_lose_or_duplicate_jobs() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_starting_together_register_one_runner_and_share_its_sealed_credentials() {
+    use jr_scheduler::registration::{SharedCredentials, establish_declared};
+    let world = World::start().await;
+    let labels = world.router().declared_labels().to_vec();
+    let shutdown = CancellationToken::new();
+    let store = jr_scheduler::request_key::open_bucket(&world.bus)
+        .await
+        .expect("bucket");
+    let sealer = std::sync::Arc::new(
+        jr_scheduler::service::sealer_from_config(&world.config).expect("seal key"),
+    );
+    let policy = jr_lease::Policy::new(1500, 100).expect("policy");
+    // Two replicas, each with its own empty disk (an emptyDir per Pod), starting at once.
+    let replicas: Vec<(RunnerIdentity, SharedCredentials)> = ["a", "b"]
+        .iter()
+        .map(|me| {
+            let mut identity = RunnerIdentity::shared(&world.config.forge);
+            identity.credentials_file = world.dir.path().join(format!("{me}/runner.json"));
+            let leadership = jr_bus::lease::spawn_lease(
+                jr_bus::lease::LeaseSpec {
+                    store: store.clone(),
+                    key: "lease.shared".to_owned(),
+                    me: (*me).to_owned(),
+                    policy,
+                },
+                shutdown.clone(),
+            );
+            let shared = SharedCredentials {
+                store: store.clone(),
+                sealer: sealer.clone(),
+                leadership,
+                registration: "shared".to_owned(),
+            };
+            (identity, shared)
+        })
+        .collect();
+    let (a, b) = tokio::join!(
+        establish_declared(
+            &world.config.forge,
+            &replicas[0].0,
+            &labels,
+            Some(&replicas[0].1),
+            &shutdown
+        ),
+        establish_declared(
+            &world.config.forge,
+            &replicas[1].0,
+            &labels,
+            Some(&replicas[1].1),
+            &shutdown
+        ),
+    );
+    let (a, b) = (a.expect("replica a").0, b.expect("replica b").0);
+    let runners = world.forge.snapshot().runners;
+    assert_eq!(runners.len(), 1, "one runner registered: {runners:?}");
+    for client in [&a, &b] {
+        assert_eq!(
+            client.credentials().map(|c| c.uuid.as_str()),
+            Some(runners[0].uuid.as_str())
+        );
+    }
+    // On the bus the token is sealed: the stored value does not contain it.
+    let token = a.credentials().expect("credentials").token.clone();
+    let stored = store
+        .get("credentials.shared")
+        .await
+        .expect("read")
+        .expect("stored");
+    assert!(
+        !String::from_utf8_lossy(&stored).contains(&token),
+        "the runner token is in the clear on the bus"
+    );
+    // A scheduler with another seal key cannot use them: a clear error, no new registration.
+    let mut other = replicas[0].1.clone();
+    other.sealer = std::sync::Arc::new(
+        jr_scheduler::seal::Sealer::new(
+            "k9",
+            &[("k9".to_owned(), jr_scheduler::seal::Sealer::generate_key())]
+                .into_iter()
+                .collect(),
+        )
+        .expect("keyring"),
+    );
+    let err = other.load().await.expect_err("sealed with another key");
+    assert!(err.to_string().contains("seal_keys"), "{err}");
+    shutdown.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registration_is_persisted_and_reused_and_a_removed_runner_is_explained() {
     let world = World::start().await;
     let labels = world.router().declared_labels().to_vec();

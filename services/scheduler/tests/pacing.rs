@@ -316,6 +316,63 @@ async fn forgejo_lost_fetch_reply_is_recovered_by_the_request_key() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_request_key_whose_tasks_all_ended_is_replaced_not_repeated_forever() {
+    let behaviour = jr_fake_forge::Behaviour {
+        forgejo: true,
+        error_style: jr_fake_forge::ErrorStyle::Forgejo,
+        ..Default::default()
+    };
+    let mut world = World::start_layout(forge_config(behaviour), &[], "per-backend", "").await;
+    world.config.forge.flavor = jr_config::ForgeFlavor::Forgejo;
+    world.config.forge.task_capacity = 2;
+    world.forge.enqueue_jobs(job("pod"), 6);
+    // An earlier scheduler fetched two tasks under a key it stored, and those tasks ended (here:
+    // cancelled) while no scheduler ran: a repeat of the key now brings nothing.
+    let forges = world.establish().await;
+    let pod = BackendName::new("pod").expect("backend");
+    let client = forges.client(&pod).expect("pod registration");
+    let stale = "7b0c5a1e-0000-4000-8000-000000000001";
+    let reply = client
+        .fetch_tasks(
+            &FetchTaskRequest {
+                tasks_version: 0,
+                task_capacity: Some(2),
+            },
+            Some(stale),
+        )
+        .await
+        .expect("fetch");
+    let ended: Vec<i64> = reply
+        .task
+        .iter()
+        .chain(reply.additional_tasks.iter())
+        .map(|t| t.id)
+        .collect();
+    assert_eq!(ended.len(), 2);
+    for id in &ended {
+        assert!(world.forge.cancel_task(*id));
+    }
+    jr_scheduler::request_key::open_bucket(&world.bus)
+        .await
+        .expect("bucket")
+        .put("request-key.pod", stale.into())
+        .await
+        .expect("stored key");
+
+    // The scheduler starts with that key, gets an empty replay, replaces the key and fetches
+    // the four jobs still waiting.
+    let _workers = world.drain_workers();
+    let fetchers = drain_the_forge(&world, 4).await;
+    fetchers.stop().await.expect("fetchers stop");
+    let snapshot = world.forge.snapshot();
+    assert!(
+        snapshot.faults.replayed_request_keys >= 1,
+        "the stored key was tried first"
+    );
+    assert_eq!(snapshot.tasks.len(), 6, "every job was handed out once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_forges_capabilities_are_kept_per_registration_for_the_facade() {
     let behaviour = jr_fake_forge::Behaviour {
         capabilities: Some("cancelling".into()),

@@ -9,7 +9,7 @@
 //!   (`claimed`, `terminal`, `task-failed`, `redispatched`, `executor-finished`); pulls and acks
 //!   its durable `scheduler` on `JR_COMMANDS`; reads single messages and replays
 //!   `JR_ASSIGNMENTS`/`JR_EVENTS` with ordered consumers; reads the pending counts of the
-//!   workers' durables (pacing); owns the KV bucket `JR_SCHEDULER` (Forgejo request keys).
+//!   workers' durables (pacing); owns the KV bucket `JR_SCHEDULER` (Forgejo request keys, fetch leases).
 //! - **`<backend>-worker`**: publishes only its backend's worker events
 //!   (`jr.event.<backend>.*.{workload-requested,workload-created,workload-observed,released}`);
 //!   pulls and acks its two durables `<backend>-worker` (filters fixed in the create subject);
@@ -18,7 +18,8 @@
 //! - **reconciler**: publishes only commands (`jr.command.<backend>.delete-workload`,
 //!   `jr.command.scheduler.fail-task`, `jr.command.scheduler.redispatch`); replays
 //!   `JR_ASSIGNMENTS`/`JR_EVENTS` with ordered consumers; reads the workers' pending counts;
-//!   owns (creates) the KV bucket `JR_PLACEMENT` of the placement switches.
+//!   owns (creates) the KV bucket `JR_PLACEMENT` of the placement switches and the KV bucket
+//!   `JR_RECONCILER` of its lease.
 //!
 //! Where the grant is broader than one subject, and why:
 //! - Ordered consumers are ephemeral with generated names, and NATS wildcards match whole
@@ -52,6 +53,9 @@ pub const SCHEDULER_BUCKET: &str = "JR_SCHEDULER";
 /// The KV bucket of the placement switches (key `burst`): the reconciler creates it, operators
 /// set it (`jr burst`, or the NATS CLI as `admin`), workers read it.
 pub const PLACEMENT_BUCKET: &str = "JR_PLACEMENT";
+
+/// The KV bucket of the reconciler (its lease, key `lease.reconciler`).
+pub const RECONCILER_BUCKET: &str = "JR_RECONCILER";
 
 /// The KV bucket of a worker's ledger of announced workloads.
 pub fn worker_bucket(backend: &BackendName) -> String {
@@ -291,6 +295,7 @@ pub fn permissions(role: &Role, backends: &[BackendName]) -> Permissions {
                 ordered_consumers(&mut p, stream, &worker_durables);
             }
             own_bucket(&mut p, PLACEMENT_BUCKET, false);
+            own_bucket(&mut p, RECONCILER_BUCKET, false);
         }
     }
     // The INFO grant may come twice (two buckets never, but keep the list tidy).

@@ -31,6 +31,38 @@ pub struct Config {
     pub reconciler: ReconcilerConfig,
     #[serde(default)]
     pub telemetry: TelemetryConfig,
+    #[serde(default)]
+    pub lease: LeaseConfig,
+}
+
+/// `[lease]`: the leases that let several replicas of the scheduler (one fetching replica per
+/// forge registration) and the reconciler (one planning replica) run side by side. Kept in
+/// JetStream KV; a replica acts until `ttl - max_clock_skew` after its last renewal and a
+/// standby takes over from `ttl + max_clock_skew` after it.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseConfig {
+    #[serde(default = "default_lease_ttl", with = "humantime_serde")]
+    pub ttl: Duration,
+    /// Most any replica's clock may differ from true time.
+    #[serde(default = "default_max_clock_skew", with = "humantime_serde")]
+    pub max_clock_skew: Duration,
+}
+
+impl Default for LeaseConfig {
+    fn default() -> Self {
+        Self {
+            ttl: default_lease_ttl(),
+            max_clock_skew: default_max_clock_skew(),
+        }
+    }
+}
+
+fn default_lease_ttl() -> Duration {
+    Duration::from_secs(3)
+}
+fn default_max_clock_skew() -> Duration {
+    Duration::from_millis(250)
 }
 
 #[derive(Clone, Deserialize)]

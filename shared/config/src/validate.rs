@@ -31,6 +31,7 @@ impl Config {
             ));
         }
         self.validate_fetching()?;
+        self.validate_lease()?;
         self.validate_spiffe_path()?;
         self.validate_facade()?;
         self.validate_backends()?;
@@ -64,6 +65,23 @@ impl Config {
             return Err(ConfigError::key(
                 "facade.spiffe_path",
                 "must start with / and contain {assignment} exactly once, e.g. /jetrunner/executor/{assignment}",
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_lease(&self) -> Result<(), ConfigError> {
+        let l = &self.lease;
+        if l.ttl < Duration::from_millis(300) || l.ttl > Duration::from_secs(60) {
+            return Err(ConfigError::key(
+                "lease.ttl",
+                "must be between 300ms and 60s (a standby takes over this long after a holder dies)",
+            ));
+        }
+        if l.ttl <= l.max_clock_skew * 4 {
+            return Err(ConfigError::key(
+                "lease.max_clock_skew",
+                "must be less than a quarter of lease.ttl",
             ));
         }
         Ok(())

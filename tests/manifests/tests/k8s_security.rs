@@ -276,10 +276,16 @@ fn every_deployment_has_one_pod_disruption_budget_that_never_blocks_a_drain() {
     assert!(covered.values().all(|n| *n == 1), "{covered:?}");
 }
 
+/// Services with a lease (one replica acts, the other stands by).
+const REPLICATED: [&str; 2] = ["scheduler", "reconciler"];
+
 #[test]
 fn singleton_services_are_replaced_not_overlapped() {
     let base = base();
-    for deployment in base.of_kind("Deployment") {
+    for deployment in base
+        .of_kind("Deployment")
+        .filter(|d| !REPLICATED.contains(&d.name()))
+    {
         let replicas = at(&deployment.value, &["spec", "replicas"]).and_then(Value::as_u64);
         assert_eq!(replicas, Some(1), "{}", deployment.describe());
         assert_eq!(
@@ -293,6 +299,75 @@ fn singleton_services_are_replaced_not_overlapped() {
             selects(&selector, &pod_labels(deployment)),
             "{}",
             deployment.describe()
+        );
+    }
+}
+
+#[test]
+fn leased_services_run_two_replicas_on_different_nodes_and_keep_one_through_drains() {
+    let base = base();
+    for name in REPLICATED {
+        let deployment = base
+            .of_kind("Deployment")
+            .find(|d| d.name() == name)
+            .unwrap_or_else(|| panic!("Deployment {name}"));
+        let d = &deployment.value;
+        assert_eq!(
+            at(d, &["spec", "replicas"]).and_then(Value::as_u64),
+            Some(2),
+            "{}",
+            deployment.describe()
+        );
+        assert_eq!(
+            str_at(d, &["spec", "strategy", "type"]),
+            Some("RollingUpdate"),
+            "{}",
+            deployment.describe()
+        );
+        assert_eq!(
+            at(d, &["spec", "strategy", "rollingUpdate", "maxUnavailable"]).and_then(Value::as_u64),
+            Some(0),
+            "{}: a rollout keeps both replicas until the new one is ready",
+            deployment.describe()
+        );
+        let terms = at(
+            d,
+            &[
+                "spec",
+                "template",
+                "spec",
+                "affinity",
+                "podAntiAffinity",
+                "preferredDuringSchedulingIgnoredDuringExecution",
+            ],
+        )
+        .and_then(Value::as_sequence)
+        .unwrap_or_else(|| panic!("{}: no pod anti-affinity", deployment.describe()));
+        assert!(
+            terms.iter().any(|t| {
+                str_at(t, &["podAffinityTerm", "topologyKey"]) == Some("kubernetes.io/hostname")
+                    && selects(
+                        &string_map(at(t, &["podAffinityTerm", "labelSelector", "matchLabels"])),
+                        &pod_labels(deployment),
+                    )
+            }),
+            "{}: anti-affinity must spread its own Pods over nodes",
+            deployment.describe()
+        );
+        let pdb = base
+            .of_kind("PodDisruptionBudget")
+            .find(|p| {
+                selects(
+                    &string_map(at(&p.value, &["spec", "selector", "matchLabels"])),
+                    &pod_labels(deployment),
+                )
+            })
+            .unwrap_or_else(|| panic!("{}: no PodDisruptionBudget", deployment.describe()));
+        assert_eq!(
+            at(&pdb.value, &["spec", "minAvailable"]).and_then(Value::as_u64),
+            Some(1),
+            "{}: a drain must leave one replica",
+            pdb.describe()
         );
     }
 }

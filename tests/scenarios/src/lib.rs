@@ -8,6 +8,7 @@ pub mod executor;
 pub mod measure;
 pub mod pg;
 pub mod process;
+pub mod proxy;
 pub mod system;
 
 pub use system::{OutcomeReport, System, SystemSpec, Touched};

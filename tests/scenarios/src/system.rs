@@ -75,6 +75,10 @@ pub struct SystemSpec {
     /// `forge.registration = "shared"`: one runner fetches for both backends (default: one
     /// runner per backend).
     pub shared_registration: bool,
+    /// A second replica of the scheduler and of the reconciler (`scheduler-b`, `reconciler-b`).
+    /// Executors then reach the two facades through a harness TCP proxy on `ports.facade`, as
+    /// through a Kubernetes Service: each connection goes to the next replica that accepts it.
+    pub standbys: bool,
 }
 
 impl Default for SystemSpec {
@@ -105,6 +109,7 @@ impl Default for SystemSpec {
             pod_executor_in_process: false,
             executor_poll: Duration::from_millis(100),
             shared_registration: false,
+            standbys: false,
         }
     }
 }
@@ -126,6 +131,12 @@ pub struct Ports {
     pub vm_ops: u16,
     pub reconciler_ops: u16,
     pub status: u16,
+    /// With standbys: each scheduler replica's own facade port (behind `facade`), the second
+    /// scheduler's and reconciler's ops ports and the second reconciler's status API.
+    pub facade_replicas: [u16; 2],
+    pub scheduler_b_ops: u16,
+    pub reconciler_b_ops: u16,
+    pub status_b: u16,
 }
 
 pub struct System {
@@ -145,6 +156,10 @@ pub struct System {
     pub pod_worker: ServiceProcess,
     pub vm_worker: ServiceProcess,
     pub reconciler: ServiceProcess,
+    /// With [`SystemSpec::standbys`]: `scheduler-b` and `reconciler-b`.
+    pub standbys: Vec<ServiceProcess>,
+    /// The facade proxy's accept loop (with standbys).
+    facade_proxy: Option<tokio::task::JoinHandle<()>>,
     /// What the fake executor was told to report for each job the harness enqueued.
     expected: Mutex<BTreeMap<jr_fake_forge::JobId, Outcome>>,
 }
@@ -293,6 +308,10 @@ impl System {
             vm_ops: free_port()?,
             reconciler_ops: free_port()?,
             status: free_port()?,
+            facade_replicas: [free_port()?, free_port()?],
+            scheduler_b_ops: free_port()?,
+            reconciler_b_ops: free_port()?,
+            status_b: free_port()?,
         };
         let config_path = dir.path().join("jetrunner.toml");
         let text = config_toml(
@@ -320,7 +339,59 @@ impl System {
             .try_fold(svc("scheduler", ports.scheduler_ops)?, |p, (k, v)| {
                 anyhow::Ok(p.env(k, v))
             })?;
+        let listen = |port: u16| format!("127.0.0.1:{port}");
+        let (scheduler, standbys, facade_proxy) = if spec.standbys {
+            let scheduler_b = ServiceProcess::new(
+                "scheduler-b",
+                binary("scheduler")?,
+                args.clone(),
+                dir.path(),
+                ports.scheduler_b_ops,
+            )
+            .env("RUST_LOG", &spec.log_filter)
+            .env(
+                "JETRUNNER__FACADE__LISTEN",
+                &listen(ports.facade_replicas[1]),
+            )
+            .env(
+                "JETRUNNER__SCHEDULER__OPS_LISTEN",
+                &listen(ports.scheduler_b_ops),
+            );
+            let scheduler_b = spec
+                .scheduler_env
+                .iter()
+                .fold(scheduler_b, |p, (k, v)| p.env(k, v));
+            let reconciler_b = ServiceProcess::new(
+                "reconciler-b",
+                binary("reconciler")?,
+                args.clone(),
+                dir.path(),
+                ports.reconciler_b_ops,
+            )
+            .env("RUST_LOG", &spec.log_filter)
+            .env(
+                "JETRUNNER__RECONCILER__OPS_LISTEN",
+                &listen(ports.reconciler_b_ops),
+            )
+            .env(
+                "JETRUNNER__RECONCILER__STATUS_LISTEN",
+                &listen(ports.status_b),
+            );
+            let proxy = crate::proxy::spawn(ports.facade, ports.facade_replicas.to_vec()).await?;
+            (
+                scheduler.env(
+                    "JETRUNNER__FACADE__LISTEN",
+                    &listen(ports.facade_replicas[0]),
+                ),
+                vec![scheduler_b, reconciler_b],
+                Some(proxy),
+            )
+        } else {
+            (scheduler, Vec::new(), None)
+        };
         let mut system = System {
+            standbys,
+            facade_proxy,
             scheduler,
             pod_worker: svc("pod-worker", ports.pod_ops)?,
             vm_worker: svc("vm-worker", ports.vm_ops)?,
@@ -337,10 +408,10 @@ impl System {
             ports,
             expected: Mutex::new(BTreeMap::new()),
         };
-        for p in system.services_mut() {
+        for p in system.all_mut() {
             p.spawn()?;
         }
-        for p in system.services_mut() {
+        for p in system.all_mut() {
             p.wait_ready(Duration::from_secs(60)).await?;
         }
         system.check_nats_users().await?;
@@ -392,8 +463,20 @@ impl System {
         ]
     }
 
+    /// The four services and the standbys.
+    pub fn all_mut(&mut self) -> Vec<&mut ServiceProcess> {
+        let mut all: Vec<&mut ServiceProcess> = vec![
+            &mut self.reconciler,
+            &mut self.pod_worker,
+            &mut self.vm_worker,
+            &mut self.scheduler,
+        ];
+        all.extend(self.standbys.iter_mut());
+        all
+    }
+
     pub fn service(&mut self, name: &str) -> Option<&mut ServiceProcess> {
-        self.services_mut().into_iter().find(|p| p.name == name)
+        self.all_mut().into_iter().find(|p| p.name == name)
     }
 
     /// Queues `n` jobs with `runs-on: [label]`; `vars` steer the fake executor (JR_FAKE_*).
@@ -657,7 +740,7 @@ impl System {
     /// failed scenario has removed its temp dir.
     pub fn save_logs(&mut self, dest: &std::path::Path) -> anyhow::Result<()> {
         std::fs::create_dir_all(dest)?;
-        for p in self.services_mut() {
+        for p in self.all_mut() {
             if p.log_path().exists() {
                 std::fs::copy(p.log_path(), dest.join(format!("{}.log", p.name)))?;
             }
@@ -676,7 +759,7 @@ impl System {
 
     /// Tail of every service's log, for failure messages.
     pub fn logs(&mut self) -> String {
-        self.services_mut()
+        self.all_mut()
             .iter()
             .map(|p| format!("--- {} ---\n{}\n", p.name, p.log_tail(30)))
             .collect()
@@ -687,6 +770,9 @@ impl System {
 /// whole suite for permission violations); violations are always printed.
 impl Drop for System {
     fn drop(&mut self) {
+        if let Some(proxy) = self.facade_proxy.take() {
+            proxy.abort();
+        }
         for line in self.nats_permission_violations() {
             eprintln!("NATS refused a service: {line}");
         }

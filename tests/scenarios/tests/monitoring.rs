@@ -182,6 +182,8 @@ async fn the_dashboard_and_alert_rules_use_only_exported_metrics() -> anyhow::Re
         "JetrunnerRedispatchStorm",
         "JetrunnerFacadeRefusalsSpike",
         "JetrunnerForgeErrors",
+        "JetrunnerNoFetchingReplica",
+        "JetrunnerNoLeadingReconciler",
     ] {
         assert!(alerts.contains(wanted), "no alert {wanted}: {alerts:?}");
     }

@@ -160,7 +160,7 @@ impl World {
     /// Registers (or reuses the stored credentials) and declares, as `service::run` does.
     pub async fn establish(&self) -> Forges {
         let shutdown = CancellationToken::new();
-        Forges::establish(&self.config, &self.router(), &shutdown)
+        Forges::establish(&self.config, &self.router(), &Default::default(), &shutdown)
             .await
             .expect("registration succeeds")
     }
@@ -184,6 +184,8 @@ impl World {
                 .map(|(n, b)| (n, b.lookahead))
                 .collect(),
             unclaimed: Arc::new(Unclaimed::new(self.config.forge.keepalive_interval)),
+            unclaimed_horizon: Duration::from_secs(3 * 3600),
+            leases: Default::default(),
             stats: Default::default(),
         })
     }

@@ -1,0 +1,277 @@
+//! High availability: two replicas of the scheduler and of the reconciler run 500 mixed jobs
+//! while the replica that fetches (per forge registration) and the one that projects and plans
+//! are killed with SIGKILL in turn. The standby takes over within the lease's free time: no job
+//! is lost or run twice, fetching resumes within 5 s (measured from the kill to the forge's
+//! next hand-out to that registration), executors keep talking to a facade (the surviving
+//! replica, through the stand-in for a Kubernetes Service), capacity holds by the backends' own
+//! records and nothing is left behind. Needs the service binaries built; run with
+//! `--test-threads=1`.
+
+use std::time::{Duration, Instant, SystemTime};
+
+use jr_scenarios::consistency::{check_projection, wait_projection_settled};
+use jr_scenarios::{System, SystemSpec, Touched};
+
+const POD_JOBS: u32 = 330;
+const VM_JOBS: u32 = 170;
+/// The bound on the gap in fetching after the fetching replica dies.
+const RESUME_WITHIN: Duration = Duration::from_secs(5);
+
+/// The value of a metric line `name{…label…} value` on the ops port, if present.
+async fn metric(port: u16, name: &str, label: &str) -> Option<f64> {
+    let text = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.starts_with(name) && l.contains(label))
+        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// Which scheduler replica ("scheduler" or "scheduler-b") fetches for `registration`.
+async fn fetch_leader(system: &System, registration: &str) -> Option<&'static str> {
+    let label = format!("registration=\"{registration}\"");
+    let mut leaders = Vec::new();
+    for (name, port) in [
+        ("scheduler", system.ports.scheduler_ops),
+        ("scheduler-b", system.ports.scheduler_b_ops),
+    ] {
+        if metric(port, "jetrunner_scheduler_fetch_leader", &label).await == Some(1.0) {
+            leaders.push(name);
+        }
+    }
+    assert!(
+        leaders.len() <= 1,
+        "two scheduler replicas fetch for {registration}: {leaders:?}"
+    );
+    leaders.first().copied()
+}
+
+/// Which reconciler replica holds the lease.
+async fn reconciler_leader(system: &System) -> Option<&'static str> {
+    let mut leaders = Vec::new();
+    for (name, port) in [
+        ("reconciler", system.ports.reconciler_ops),
+        ("reconciler-b", system.ports.reconciler_b_ops),
+    ] {
+        if metric(port, "jetrunner_reconciler_leader", "").await == Some(1.0) {
+            leaders.push(name);
+        }
+    }
+    assert!(leaders.len() <= 1, "two reconcilers lead: {leaders:?}");
+    leaders.first().copied()
+}
+
+async fn wait_for<T, F, Fut>(what: &str, within: Duration, mut probe: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = probe().await {
+            return Ok(v);
+        }
+        anyhow::ensure!(start.elapsed() < within, "{what}: not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Kills the replica fetching for `registration` and returns how long the forge handed out
+/// nothing to that registration's runner afterwards, and the replica killed.
+async fn kill_fetch_leader(
+    system: &mut System,
+    registration: &str,
+) -> anyhow::Result<(Duration, &'static str)> {
+    let leader = wait_for(
+        "a fetching scheduler replica",
+        Duration::from_secs(15),
+        || fetch_leader(system, registration),
+    )
+    .await?;
+    let runner = format!("jetrunner-scenario-{registration}");
+    let waiting = system
+        .forge
+        .snapshot()
+        .jobs
+        .iter()
+        .filter(|j| j.fetch_count == 0 && j.runs_on.iter().any(|l| l == registration))
+        .count();
+    anyhow::ensure!(
+        waiting > 0,
+        "jobs must wait at the forge when the fetching replica dies (to time the resumption)"
+    );
+    system.service(leader).expect("scheduler replica").kill9();
+    let killed_at = SystemTime::now();
+    let resumed = wait_for(
+        "a hand-out to the registration after the kill",
+        Duration::from_secs(30),
+        || {
+            let first = system
+                .forge
+                .snapshot()
+                .tasks
+                .iter()
+                .filter(|t| t.runner_name == runner && t.started_at > killed_at)
+                .map(|t| t.started_at)
+                .min();
+            async move { first }
+        },
+    )
+    .await?;
+    let gap = resumed.duration_since(killed_at).unwrap_or_default();
+    let survivor = fetch_leader(system, registration).await;
+    anyhow::ensure!(
+        survivor.is_some() && survivor != Some(leader),
+        "the other replica fetches for {registration} (leader now {survivor:?})"
+    );
+    Ok((gap, leader))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn leaders_killed_in_turn_lose_no_job_and_fetching_resumes_within_five_seconds()
+-> anyhow::Result<()> {
+    let mut system = System::start(SystemSpec {
+        standbys: true,
+        pod_capacity: 8,
+        vm_capacity: 4,
+        // Forgejo's request key: the replica that takes over repeats the dead replica's last
+        // fetch, so even a task handed out the moment before the kill is not lost.
+        forge_flavor: "forgejo",
+        task_capacity: 2,
+        pod_executor_in_process: true,
+        keepalive: Duration::from_secs(5),
+        forge_behaviour: jr_fake_forge::Behaviour {
+            zombie_timeout: Duration::from_secs(60),
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+    .await?;
+    let duration = [(jr_fake_executor::VAR_DURATION_MS, "30")];
+    system.enqueue("pod", POD_JOBS, &duration);
+    system.enqueue("vm", VM_JOBS, &duration);
+    let total = (POD_JOBS + VM_JOBS) as usize;
+
+    let progress = |system: &System, n: usize| {
+        let done = system.final_count(
+            &system
+                .forge
+                .snapshot()
+                .jobs
+                .iter()
+                .map(|j| j.id)
+                .collect::<Vec<_>>(),
+        );
+        async move { (done >= n).then_some(done) }
+    };
+    wait_for("the first jobs finish", Duration::from_secs(60), || {
+        progress(&system, 40)
+    })
+    .await?;
+
+    // Only the lease holders fetch: the forge never saw two fetches of one runner at once.
+    assert_eq!(
+        system.forge.snapshot().faults.max_concurrent_fetches,
+        1,
+        "two FetchTask calls of one runner were in flight at once"
+    );
+
+    // 1. The replica fetching for the pod registration.
+    let (pod_gap, killed) = kill_fetch_leader(&mut system, "pod").await?;
+    println!("pod registration: fetching resumed {pod_gap:?} after its fetching replica died");
+    system.service(killed).expect("replica").restart()?;
+    wait_for("more jobs finish", Duration::from_secs(60), || {
+        progress(&system, 120)
+    })
+    .await?;
+
+    // 2. The reconciler that projects and plans.
+    let leader = wait_for("a leading reconciler", Duration::from_secs(15), || {
+        reconciler_leader(&system)
+    })
+    .await?;
+    system.service(leader).expect("reconciler").kill9();
+    let killed_at = Instant::now();
+    let next = wait_for(
+        "the standby reconciler leads",
+        Duration::from_secs(15),
+        || reconciler_leader(&system),
+    )
+    .await?;
+    println!(
+        "reconciler: {next} took over {:?} after {leader} died",
+        killed_at.elapsed()
+    );
+    assert_ne!(next, leader);
+    system.service(leader).expect("reconciler").restart()?;
+    wait_for("more jobs finish", Duration::from_secs(60), || {
+        progress(&system, 220)
+    })
+    .await?;
+
+    // 3. The replica fetching for the vm registration (whichever it is now).
+    let (vm_gap, killed) = kill_fetch_leader(&mut system, "vm").await?;
+    println!("vm registration: fetching resumed {vm_gap:?} after its fetching replica died");
+    system.service(killed).expect("replica").restart()?;
+
+    for (registration, gap) in [("pod", pod_gap), ("vm", vm_gap)] {
+        assert!(
+            gap < RESUME_WITHIN,
+            "{registration}: fetching resumed only {gap:?} after the fetching replica died"
+        );
+    }
+
+    if let Err(e) = system.wait_all_final(Duration::from_secs(300)).await {
+        anyhow::bail!("{e}\n{}", system.logs());
+    }
+    system.wait_no_workloads(Duration::from_secs(90)).await?;
+    wait_projection_settled(&system.database_url, Duration::from_secs(90)).await?;
+    let violations = system.violations();
+    assert!(
+        violations.is_empty(),
+        "invariants violated: {violations:#?}\n{}",
+        system.logs()
+    );
+    let snapshot = system.forge.snapshot();
+    assert_eq!(snapshot.jobs.len(), total);
+    // One replica fetches per registration: the forge never saw two fetches of one runner at
+    // the same moment (both replicas fetching would overlap within a few polls).
+    assert_eq!(
+        snapshot.faults.max_concurrent_fetches, 1,
+        "two FetchTask calls of one runner were in flight at once"
+    );
+    let outcomes = system.outcome_violations(&Touched::default()).await?;
+    assert_eq!(outcomes.checked, total, "every job's result was compared");
+    assert!(
+        outcomes.violations.is_empty(),
+        "results differ from the executors' instructions: {:#?}",
+        outcomes.violations
+    );
+    let consistency = check_projection(
+        &system.nats.url(),
+        &system.database_url,
+        Duration::from_secs(60),
+    )
+    .await?;
+    assert!(
+        consistency.is_consistent(),
+        "projection differs from the streams: {:#?}",
+        consistency.differences
+    );
+    // Afterwards: one replica fetches per registration and one reconciler leads.
+    for registration in ["pod", "vm"] {
+        wait_for("one fetching replica", Duration::from_secs(15), || {
+            fetch_leader(&system, registration)
+        })
+        .await?;
+    }
+    wait_for("one leading reconciler", Duration::from_secs(15), || {
+        reconciler_leader(&system)
+    })
+    .await?;
+    Ok(())
+}
