@@ -66,25 +66,29 @@ async fn open_store(url: &str, shutdown: &CancellationToken) -> anyhow::Result<O
     }
 }
 
-/// Creates the KV bucket `JR_PLACEMENT` (the burst switch) when it is missing; an existing one
-/// is left as it is, with its values.
-async fn ensure_placement_bucket(bus: &jr_bus::Bus, replicas: usize) -> anyhow::Result<()> {
+/// The KV bucket `bucket`, created when it is missing (an existing one is left as it is, with
+/// its values).
+async fn ensure_bucket(
+    bus: &jr_bus::Bus,
+    bucket: &str,
+    description: &str,
+    history: i64,
+    replicas: usize,
+) -> anyhow::Result<jr_bus::async_nats::jetstream::kv::Store> {
     use jr_bus::async_nats::jetstream::kv;
-    let bucket = jr_bus::permissions::PLACEMENT_BUCKET;
-    if bus.jetstream().get_key_value(bucket).await.is_ok() {
-        return Ok(());
+    if let Ok(store) = bus.jetstream().get_key_value(bucket).await {
+        return Ok(store);
     }
-    bus.jetstream()
+    Ok(bus
+        .jetstream()
         .create_key_value(kv::Config {
             bucket: bucket.to_owned(),
-            description: "placement switches set by operators (key burst: off, on, on:<percent>)"
-                .into(),
-            history: 10,
+            description: description.to_owned(),
+            history,
             num_replicas: replicas,
             ..Default::default()
         })
-        .await?;
-    Ok(())
+        .await?)
 }
 
 pub async fn run(p: Process) -> anyhow::Result<()> {
@@ -97,9 +101,15 @@ pub async fn run(p: Process) -> anyhow::Result<()> {
         .ensure_topology(&topology)
         .await
         .context("declaring streams")?;
-    ensure_placement_bucket(&p.bus, p.config.nats.stream_replicas)
-        .await
-        .context("declaring the KV bucket of the placement switches")?;
+    ensure_bucket(
+        &p.bus,
+        jr_bus::permissions::PLACEMENT_BUCKET,
+        "placement switches set by operators (key burst: off, on, on:<percent>)",
+        10,
+        p.config.nats.stream_replicas,
+    )
+    .await
+    .context("declaring the KV bucket of the placement switches")?;
     let Some(store) = open_store(&p.config.database.url, &shutdown).await? else {
         return Ok(());
     };
@@ -148,10 +158,16 @@ pub async fn run(p: Process) -> anyhow::Result<()> {
 
     // One replica projects and plans: the holder of the lease in `JR_RECONCILER`. Any replica
     // serves the status API (it reads the projection).
-    let policy = lease_policy(&p.config)?;
-    let lease_store = ensure_reconciler_bucket(&p.bus, p.config.nats.stream_replicas)
-        .await
-        .context("declaring the KV bucket JR_RECONCILER")?;
+    let policy = jr_service::lease_policy(&p.config)?;
+    let lease_store = ensure_bucket(
+        &p.bus,
+        jr_bus::permissions::RECONCILER_BUCKET,
+        "the reconciler's lease (key lease.reconciler)",
+        1,
+        p.config.nats.stream_replicas,
+    )
+    .await
+    .context("declaring the KV bucket JR_RECONCILER")?;
     let me = jr_bus::lease::replica_id("reconciler");
     tracing::info!(replica = %me, "reconciler replica");
     let mut leadership = jr_bus::lease::spawn_lease(
@@ -205,34 +221,6 @@ pub async fn run(p: Process) -> anyhow::Result<()> {
 
 /// The key of the reconciler's lease in [`jr_bus::permissions::RECONCILER_BUCKET`].
 const LEASE_KEY: &str = "lease.reconciler";
-
-/// The lease timing of `[lease]`.
-fn lease_policy(config: &jr_config::Config) -> anyhow::Result<jr_lease::Policy> {
-    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-    jr_lease::Policy::new(ms(config.lease.ttl), ms(config.lease.max_clock_skew)).context("[lease]")
-}
-
-/// The reconciler's KV bucket (its lease), created when missing.
-async fn ensure_reconciler_bucket(
-    bus: &jr_bus::Bus,
-    replicas: usize,
-) -> anyhow::Result<jr_bus::async_nats::jetstream::kv::Store> {
-    use jr_bus::async_nats::jetstream::kv;
-    let bucket = jr_bus::permissions::RECONCILER_BUCKET;
-    if let Ok(store) = bus.jetstream().get_key_value(bucket).await {
-        return Ok(store);
-    }
-    Ok(bus
-        .jetstream()
-        .create_key_value(kv::Config {
-            bucket: bucket.to_owned(),
-            description: "the reconciler's lease (key lease.reconciler)".into(),
-            history: 1,
-            num_replicas: replicas,
-            ..Default::default()
-        })
-        .await?)
-}
 
 /// Projects both streams and plans while `lead` holds: the projectors start from the stored
 /// checkpoints and the planner from the projection, as at start, so a replica that takes over

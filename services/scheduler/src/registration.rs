@@ -257,19 +257,9 @@ impl RunnerIdentity {
     }
 }
 
-/// Registers a new runner with the registration token and keeps its credentials in the file.
+/// Registers a new runner with the registration token and keeps its credentials in the file;
+/// also returns the forge's runner id.
 async fn register_new(
-    cfg: &ForgeConfig,
-    identity: &RunnerIdentity,
-    labels: &[String],
-    anonymous: &ForgeClient,
-) -> Result<Credentials, RegistrationError> {
-    register_new_with_id(cfg, identity, labels, anonymous)
-        .await
-        .map(|(c, _)| c)
-}
-
-async fn register_new_with_id(
     cfg: &ForgeConfig,
     identity: &RunnerIdentity,
     labels: &[String],
@@ -321,7 +311,7 @@ async fn obtain_shared(
             return Ok(c);
         }
         if shared.leadership.acting().is_some() {
-            let (creds, id) = register_new_with_id(cfg, identity, labels, anonymous).await?;
+            let (creds, id) = register_new(cfg, identity, labels, anonymous).await?;
             shared.save(&creds, id).await?;
             return Ok(creds);
         }
@@ -383,7 +373,7 @@ pub async fn establish_declared(
                 c
             }
             None => match shared {
-                None => register_new(cfg, identity, labels, &anonymous).await?,
+                None => register_new(cfg, identity, labels, &anonymous).await?.0,
                 Some(shared) => {
                     obtain_shared(cfg, identity, labels, &anonymous, shared, shutdown).await?
                 }

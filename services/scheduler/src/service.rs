@@ -92,12 +92,6 @@ pub fn token_keys_from_config(
     Ok(keys)
 }
 
-/// The lease timing of `[lease]` (validated with the rest of the config).
-pub fn lease_policy(config: &Config) -> anyhow::Result<jr_lease::Policy> {
-    let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-    jr_lease::Policy::new(ms(config.lease.ttl), ms(config.lease.max_clock_skew)).context("[lease]")
-}
-
 pub fn tls_from_config(config: &Config) -> anyhow::Result<Option<TlsSettings>> {
     let f = &config.facade;
     let (Some(cert), Some(key)) = (&f.tls_cert_file, &f.tls_key_file) else {
@@ -134,7 +128,7 @@ pub async fn run(
     // One fetching replica per registration: the holder of its lease in `JR_SCHEDULER`. It
     // registers the runner when none is known yet (the others wait for its sealed credentials)
     // and replays the tasks fetched before and still waiting for a claim when it takes over.
-    let policy = lease_policy(&config)?;
+    let policy = jr_service::lease_policy(&config)?;
     let store = crate::request_key::open_bucket(&bus)
         .await
         .context("opening the KV bucket JR_SCHEDULER")?;

@@ -272,8 +272,8 @@ async fn waiting_tasks_outlive_the_zombie_timeout_and_a_cancelled_one_is_withdra
     keepalive.await.expect("no panic").expect("keepalive ends");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn forgejo_lost_fetch_reply_is_recovered_by_the_request_key() {
+/// A Forgejo forge and a scheduler using its request keys, one registration per backend.
+async fn forgejo_world(task_capacity: usize) -> World {
     let behaviour = jr_fake_forge::Behaviour {
         forgejo: true,
         error_style: jr_fake_forge::ErrorStyle::Forgejo,
@@ -281,7 +281,13 @@ async fn forgejo_lost_fetch_reply_is_recovered_by_the_request_key() {
     };
     let mut world = World::start_layout(forge_config(behaviour), &[], "per-backend", "").await;
     world.config.forge.flavor = jr_config::ForgeFlavor::Forgejo;
-    world.config.forge.task_capacity = 4;
+    world.config.forge.task_capacity = task_capacity;
+    world
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forgejo_lost_fetch_reply_is_recovered_by_the_request_key() {
+    let world = forgejo_world(4).await;
     world.forge.enqueue_jobs(job("pod"), 12);
     world.forge.enqueue_jobs(job("vm"), 12);
     // The first fetch (of either registration: both have jobs) is processed by the forge, but its reply never arrives.
@@ -317,14 +323,7 @@ async fn forgejo_lost_fetch_reply_is_recovered_by_the_request_key() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stored_request_key_whose_tasks_all_ended_is_replaced_not_repeated_forever() {
-    let behaviour = jr_fake_forge::Behaviour {
-        forgejo: true,
-        error_style: jr_fake_forge::ErrorStyle::Forgejo,
-        ..Default::default()
-    };
-    let mut world = World::start_layout(forge_config(behaviour), &[], "per-backend", "").await;
-    world.config.forge.flavor = jr_config::ForgeFlavor::Forgejo;
-    world.config.forge.task_capacity = 2;
+    let world = forgejo_world(2).await;
     world.forge.enqueue_jobs(job("pod"), 6);
     // An earlier scheduler fetched two tasks under a key it stored, and those tasks ended (here:
     // cancelled) while no scheduler ran: a repeat of the key now brings nothing.

@@ -34,24 +34,27 @@ fn spec(store: &kv::Store, me: &str) -> LeaseSpec {
     }
 }
 
+/// The replica acting now, if any; fails if two act at once.
+fn the_one_acting(replicas: &[Leadership]) -> Option<usize> {
+    let acting: Vec<usize> = replicas
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.acting().is_some())
+        .map(|(i, _)| i)
+        .collect();
+    assert!(
+        acting.len() <= 1,
+        "replicas {acting:?} act at the same time"
+    );
+    acting.first().copied()
+}
+
 /// Samples the replicas every 10 ms until `until`; fails if two act at once. Returns the index
 /// of the replica that acted last, if any.
 async fn watch_exclusive(replicas: &[Leadership], until: Instant) -> Option<usize> {
     let mut last = None;
     while Instant::now() < until {
-        let acting: Vec<usize> = replicas
-            .iter()
-            .enumerate()
-            .filter(|(_, l)| l.acting().is_some())
-            .map(|(i, _)| i)
-            .collect();
-        assert!(
-            acting.len() <= 1,
-            "replicas {acting:?} act at the same time"
-        );
-        if let Some(&i) = acting.first() {
-            last = Some(i);
-        }
+        last = the_one_acting(replicas).or(last);
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     last
@@ -60,17 +63,7 @@ async fn watch_exclusive(replicas: &[Leadership], until: Instant) -> Option<usiz
 async fn wait_for_leader(replicas: &[Leadership], within: Duration) -> usize {
     let start = Instant::now();
     loop {
-        let acting: Vec<usize> = replicas
-            .iter()
-            .enumerate()
-            .filter(|(_, l)| l.acting().is_some())
-            .map(|(i, _)| i)
-            .collect();
-        assert!(
-            acting.len() <= 1,
-            "replicas {acting:?} act at the same time"
-        );
-        if let Some(&i) = acting.first() {
+        if let Some(i) = the_one_acting(replicas) {
             return i;
         }
         assert!(start.elapsed() < within, "no replica acts after {within:?}");

@@ -207,6 +207,13 @@ fn jr_protocol_backend(name: &str) -> Option<jr_bus::permissions::BackendName> {
 }
 
 /// The stream limits configured under `[nats.streams]`, for [`jr_bus::Topology::stream_limits`].
+/// The lease timing of `[lease]` (the scheduler's fetch leases, the reconciler's lease).
+pub fn lease_policy(config: &Config) -> anyhow::Result<jr_lease::Policy> {
+    use anyhow::Context as _;
+    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    jr_lease::Policy::new(ms(config.lease.ttl), ms(config.lease.max_clock_skew)).context("[lease]")
+}
+
 pub fn stream_limits(nats: &jr_config::NatsConfig) -> jr_bus::StreamLimits {
     let limit = |c: &jr_config::StreamLimitConfig| jr_bus::StreamLimit {
         max_messages: i64::try_from(c.max_messages.get()).unwrap_or(i64::MAX),
