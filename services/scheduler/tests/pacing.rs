@@ -272,6 +272,79 @@ async fn waiting_tasks_outlive_the_zombie_timeout_and_a_cancelled_one_is_withdra
     keepalive.await.expect("no panic").expect("keepalive ends");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_claimed_through_another_replicas_facade_gets_no_more_heartbeats_here() {
+    let mut world =
+        World::start_layout(forge_config(Default::default()), &[], "per-backend", "").await;
+    world.config.forge.keepalive_interval = Duration::from_secs(1);
+    let jobs = world.forge.enqueue_jobs(job("pod"), 2);
+    let fetchers = world
+        .start_fetchers(Duration::from_millis(50), Duration::from_millis(200))
+        .await;
+    let keepalive = {
+        let (u, f, b) = (
+            fetchers.dispatcher.unclaimed.clone(),
+            fetchers.dispatcher.forges.clone(),
+            world.bus.clone(),
+        );
+        let stop = fetchers.shutdown.clone();
+        tokio::spawn(jr_scheduler::unclaimed::run_keepalive(u, f, b, stop))
+    };
+    let snapshot = world
+        .forge
+        .wait_until(|s| s.tasks.len() == 2, Duration::from_secs(20))
+        .await
+        .expect("both tasks fetched");
+    eventually(
+        "both tasks wait for a claim",
+        Duration::from_secs(10),
+        || async { fetchers.dispatcher.unclaimed.len() == 2 },
+    )
+    .await;
+    let (claimed, waiting) = (
+        snapshot.job(jobs[0]).expect("job").task_ids[0],
+        snapshot.job(jobs[1]).expect("job").task_ids[0],
+    );
+    // The other scheduler replica's facade claims the first task: only the bus knows.
+    let pod = BackendName::new("pod").expect("backend");
+    let id = AssignmentId::for_task(&world.forge_instance(), claimed);
+    let envelope = jr_protocol::Envelope::new(
+        format!("claimed:{id}:1:other-replica"),
+        jr_protocol::now_ms(),
+        id,
+        1,
+        Message::Claimed(jr_protocol::Claimed {
+            forge_task_id: claimed,
+            executor: "token".to_owned(),
+        }),
+    );
+    world
+        .bus
+        .publish_once(&subject::event(&pod, id, Kind::Claimed), &envelope)
+        .await
+        .expect("claimed published");
+    let before = world.forge.snapshot();
+    let beats = |s: &jr_fake_forge::Snapshot, task| s.task(task).expect("task").heartbeats;
+    let (claimed_before, waiting_before) = (beats(&before, claimed), beats(&before, waiting));
+    // Three more heartbeats of the task still waiting: none more for the claimed one.
+    let after = world
+        .forge
+        .wait_until(
+            |s| beats(s, waiting) >= waiting_before + 3,
+            Duration::from_secs(20),
+        )
+        .await
+        .expect("the waiting task keeps getting heartbeats");
+    assert_eq!(
+        beats(&after, claimed),
+        claimed_before,
+        "a task claimed elsewhere got heartbeats from this replica"
+    );
+    assert_eq!(fetchers.dispatcher.unclaimed.len(), 1);
+    fetchers.stop().await.expect("fetchers stop");
+    keepalive.await.expect("no panic").expect("keepalive ends");
+}
+
 /// A Forgejo forge and a scheduler using its request keys, one registration per backend.
 async fn forgejo_world(task_capacity: usize) -> World {
     let behaviour = jr_fake_forge::Behaviour {
