@@ -206,6 +206,26 @@ async fn racing_fetches_lose_on_gitea_so_the_scheduler_keeps_one_in_flight() {
     assert_published_exactly_once(&world, &expected).await;
 }
 
+/// Fetch loops polling every 50 ms and the keepalive loop of their unclaimed tasks, stopped
+/// together by the fetchers' shutdown.
+async fn fetchers_with_keepalive(
+    world: &World,
+) -> (
+    support::Fetchers,
+    tokio::task::JoinHandle<anyhow::Result<()>>,
+) {
+    let fetchers = world
+        .start_fetchers(Duration::from_millis(50), Duration::from_millis(200))
+        .await;
+    let keepalive = tokio::spawn(jr_scheduler::unclaimed::run_keepalive(
+        fetchers.dispatcher.unclaimed.clone(),
+        fetchers.dispatcher.forges.clone(),
+        world.bus.clone(),
+        fetchers.shutdown.clone(),
+    ));
+    (fetchers, keepalive)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiting_tasks_outlive_the_zombie_timeout_and_a_cancelled_one_is_withdrawn() {
     let behaviour = jr_fake_forge::Behaviour {
@@ -220,18 +240,7 @@ async fn waiting_tasks_outlive_the_zombie_timeout_and_a_cancelled_one_is_withdra
     let mut world = World::start_layout(config, &[], "per-backend", "").await;
     world.config.forge.keepalive_interval = Duration::from_secs(1);
     let jobs = world.forge.enqueue_jobs(job("pod"), 3);
-    let fetchers = world
-        .start_fetchers(Duration::from_millis(50), Duration::from_millis(200))
-        .await;
-    let keepalive = {
-        let (u, f, b) = (
-            fetchers.dispatcher.unclaimed.clone(),
-            fetchers.dispatcher.forges.clone(),
-            world.bus.clone(),
-        );
-        let stop = fetchers.shutdown.clone();
-        tokio::spawn(jr_scheduler::unclaimed::run_keepalive(u, f, b, stop))
-    };
+    let (fetchers, keepalive) = fetchers_with_keepalive(&world).await;
     // Two tasks wait in JetStream (no worker): they live on well past the 3 s zombie timeout.
     let snapshot = world
         .forge
@@ -278,18 +287,7 @@ async fn a_task_claimed_through_another_replicas_facade_gets_no_more_heartbeats_
         World::start_layout(forge_config(Default::default()), &[], "per-backend", "").await;
     world.config.forge.keepalive_interval = Duration::from_secs(1);
     let jobs = world.forge.enqueue_jobs(job("pod"), 2);
-    let fetchers = world
-        .start_fetchers(Duration::from_millis(50), Duration::from_millis(200))
-        .await;
-    let keepalive = {
-        let (u, f, b) = (
-            fetchers.dispatcher.unclaimed.clone(),
-            fetchers.dispatcher.forges.clone(),
-            world.bus.clone(),
-        );
-        let stop = fetchers.shutdown.clone();
-        tokio::spawn(jr_scheduler::unclaimed::run_keepalive(u, f, b, stop))
-    };
+    let (fetchers, keepalive) = fetchers_with_keepalive(&world).await;
     let snapshot = world
         .forge
         .wait_until(|s| s.tasks.len() == 2, Duration::from_secs(20))
