@@ -261,6 +261,9 @@ async fn a_deleted_sandbox_is_stopping_then_404_and_frees_its_slot() {
     let fake = FakeSandbox::start(FakeConfig {
         pools: BTreeMap::from([("ci-vm".to_owned(), 1)]),
         pool_acquisition_timeout: Duration::from_secs(5),
+        // Long enough that the GET and the create below reach the deleted sandbox while it is
+        // still stopping, even on a loaded machine (100 ms was missed under a full test run).
+        stopping_for: Duration::from_secs(2),
         ..config()
     })
     .await
