@@ -6,6 +6,8 @@ use jr_protocol::now_ms;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use jr_bus::async_nats::jetstream::kv;
+use jr_bus::warm::WarmBinding;
 use jr_bus::{Bus, PublishOnce};
 use jr_protocol::{
     AssignmentId, BackendName, Claimed, Envelope, ExecutorFinished, Kind, Message,
@@ -40,6 +42,10 @@ pub struct JetStreamLedger {
     /// Whether views carry the token hash workers publish (a facade without token keys checks
     /// tokens against it). A facade with the keys skips those reads.
     token_hashes: bool,
+    /// Open `JR_WARM_<backend>` buckets, and the bindings read from them (a warm executor is
+    /// bound once, so a binding never changes).
+    warm_buckets: tokio::sync::Mutex<HashMap<BackendName, kv::Store>>,
+    warm_bound: Mutex<HashMap<AssignmentId, WarmBinding>>,
 }
 
 impl JetStreamLedger {
@@ -56,6 +62,8 @@ impl JetStreamLedger {
             sealer,
             sticky: Mutex::new(HashMap::new()),
             token_hashes: true,
+            warm_buckets: tokio::sync::Mutex::new(HashMap::new()),
+            warm_bound: Mutex::new(HashMap::new()),
         }
     }
 
@@ -296,6 +304,60 @@ impl Ledger for JetStreamLedger {
         });
         self.unclaimed.settled(view.id);
         Ok(won)
+    }
+
+    async fn warm_binding(
+        &self,
+        backend: &BackendName,
+        warm: AssignmentId,
+    ) -> Result<Option<WarmBinding>, LedgerError> {
+        let cached = self
+            .warm_bound
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&warm).copied());
+        if cached.is_some() {
+            return Ok(cached);
+        }
+        let store = {
+            let mut buckets = self.warm_buckets.lock().await;
+            match buckets.get(backend) {
+                Some(store) => store.clone(),
+                None => {
+                    let bucket = jr_bus::warm::bucket(backend);
+                    match self.bus.jetstream().get_key_value(&bucket).await {
+                        Ok(store) => {
+                            buckets.insert(backend.clone(), store.clone());
+                            store
+                        }
+                        // Missing (no worker of that backend kept warm executors yet) or
+                        // not reachable: the executor waits and asks again.
+                        Err(e) => {
+                            tracing::debug!(%backend, error = %e, "warm binding bucket not open");
+                            return Ok(None);
+                        }
+                    }
+                }
+            }
+        };
+        let value = store
+            .get(warm.to_string())
+            .await
+            .map_err(LedgerError::unavailable)?;
+        let Some(value) = value else {
+            return Ok(None);
+        };
+        let Some(binding) = WarmBinding::decode(&value) else {
+            tracing::warn!(%warm, %backend, "a warm binding that does not decode; ignored");
+            return Ok(None);
+        };
+        if let Ok(mut bound) = self.warm_bound.lock() {
+            if bound.len() > 100_000 {
+                bound.clear();
+            }
+            bound.insert(warm, binding);
+        }
+        Ok(Some(binding))
     }
 
     async fn publish_executor_finished(&self, view: &AssignmentView) -> Result<(), LedgerError> {

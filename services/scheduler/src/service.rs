@@ -198,6 +198,17 @@ pub async fn run(
     });
     let token_keys = token_keys_from_config(&config)?;
     let mode: crate::facade::AuthMode = config.facade.mode.into();
+    let warm_backends: Vec<&String> = config
+        .backend
+        .iter()
+        .filter(|(_, b)| b.enabled && b.warm.as_ref().is_some_and(|w| w.max_idle() > 0))
+        .map(|(name, _)| name)
+        .collect();
+    if !warm_backends.is_empty() && (token_keys.is_empty() || !mode.uses_token()) {
+        anyhow::bail!(
+            "backend(s) {warm_backends:?} keep warm executors, which authenticate with a token the facade checks itself: give the scheduler every worker's token_key(_file) and use facade.mode token or both"
+        );
+    }
     // With every worker's token key the facade checks tokens itself and never needs the hashes
     // workers may publish.
     let reads_token_hashes = mode.uses_token() && token_keys.is_empty();
@@ -268,6 +279,13 @@ pub async fn run(
             .await
         });
     }
+    if !warm_backends.is_empty() {
+        let (f, b, stop) = (facade.clone(), bus.clone(), shutdown.clone());
+        tasks.spawn("warm wake-ups", async move {
+            follow_warm_wakeups(b, f, stop).await;
+            Ok::<(), anyhow::Error>(())
+        });
+    }
     ready("facade", true);
     let pacing = Pacing {
         poll_interval: config.forge.poll_interval,
@@ -287,4 +305,40 @@ pub async fn run(
         report.unfinished
     );
     Ok(())
+}
+
+/// Wakes the facade's held FetchTask calls of warm executors when their worker binds them
+/// (core NATS notices on `jr.warm.>`; a lost notice only delays the executor to its next look).
+async fn follow_warm_wakeups(
+    bus: jr_bus::Bus,
+    facade: Arc<Facade<JetStreamLedger>>,
+    shutdown: CancellationToken,
+) {
+    use futures::StreamExt as _;
+    let mut backoff = std::time::Duration::from_millis(100);
+    while !shutdown.is_cancelled() {
+        let mut sub = match bus.client().subscribe(jr_bus::warm::WAKE_ALL).await {
+            Ok(sub) => sub,
+            Err(error) => {
+                tracing::warn!(%error, "cannot subscribe to warm wake-ups; retrying");
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    () = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(std::time::Duration::from_secs(5));
+                continue;
+            }
+        };
+        backoff = std::time::Duration::from_millis(100);
+        loop {
+            let message = tokio::select! {
+                () = shutdown.cancelled() => return,
+                message = sub.next() => message,
+            };
+            let Some(message) = message else { break };
+            if let Some((_, warm)) = jr_bus::warm::parse_wake_subject(message.subject.as_str()) {
+                facade.wake_warm(warm);
+            }
+        }
+    }
 }

@@ -752,3 +752,89 @@ async fn a_claim_whose_reply_was_lost_with_its_facade_is_served_again_by_the_nex
     let _ = served.stop.send(());
     h.stop().await;
 }
+
+/// A warm executor holds the token of attempt 0 of its warm id under its backend's key. Its
+/// FetchTask waits until that backend's worker binds it to an attempt, then returns that
+/// attempt's task once; it reports as that attempt's executor. A binding written for another
+/// backend's job or for a superseded attempt gives it nothing.
+#[tokio::test]
+async fn a_warm_executor_gets_the_task_its_worker_bound_it_to_and_nothing_else() {
+    use jr_bus::warm::WarmBinding;
+    use jr_protocol::BackendName;
+    let pod = BackendName::new("pod").expect("backend");
+    let vm = BackendName::new("vm").expect("backend");
+    let vm_key =
+        jr_worker::TokenKey::from_base64("dm0td29ya2VyLWtleS1mb3ItdGhlLWZhY2FkZS10ZXN0cyE=")
+            .expect("vm key");
+    let keys = [(pod.clone(), token_key()), (vm.clone(), vm_key.clone())]
+        .into_iter()
+        .collect();
+    let h = start_keyed(AuthMode::Token, None, keys).await;
+
+    let warm = AssignmentId::for_task("http://warm.test", 1);
+    let exec = executor(&h.url, warm, &token_key().token(warm, 0));
+    assert!(exec.declare(&DeclareRequest::default()).await.is_ok());
+    // A forged attempt-0 token is refused.
+    let forged = executor(&h.url, warm, "not-the-warm-token");
+    assert_eq!(
+        code_of(forged.declare(&DeclareRequest::default()).await),
+        Code::Unauthenticated
+    );
+
+    let id = add_assignment(&h, 120, None);
+    let (task, _) = tokio::join!(fetch(&exec), async {
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        h.ledger.bind_warm(
+            &pod,
+            warm,
+            WarmBinding {
+                assignment: id,
+                attempt: 1,
+            },
+        );
+        h.facade.wake_warm(warm);
+    });
+    assert_eq!(
+        task.map(|t| t.id),
+        Some(120),
+        "bound while its call was held"
+    );
+    let record = h.ledger.record(id).expect("record");
+    assert_eq!(record.claimed_by, Some(format!("warm:{warm}")));
+    // It reports as the attempt's executor; another task id is refused.
+    assert!(exec.update_log(&log(120, 0, 2, false)).await.is_ok());
+    assert_eq!(
+        code_of(exec.update_log(&log(121, 0, 1, false)).await),
+        Code::PermissionDenied
+    );
+
+    // A vm warm executor bound (in vm's record) to a pod job: never handed out.
+    let vm_warm = AssignmentId::for_task("http://warm.test", 2);
+    let other = add_assignment(&h, 122, None);
+    h.ledger.bind_warm(
+        &vm,
+        vm_warm,
+        WarmBinding {
+            assignment: other,
+            attempt: 1,
+        },
+    );
+    let vm_exec = executor(&h.url, vm_warm, &vm_key.token(vm_warm, 0));
+    assert_eq!(fetch(&vm_exec).await.map(|t| t.id), None);
+    // Bound to an attempt the reconciler has replaced: nothing either.
+    let stale = AssignmentId::for_task("http://warm.test", 3);
+    let moved = add_assignment(&h, 123, None);
+    h.ledger.bind_warm(
+        &pod,
+        stale,
+        WarmBinding {
+            assignment: moved,
+            attempt: 2,
+        },
+    );
+    let stale_exec = executor(&h.url, stale, &token_key().token(stale, 0));
+    assert_eq!(fetch(&stale_exec).await.map(|t| t.id), None);
+    assert!(h.ledger.record(other).expect("record").claimed_by.is_none());
+    assert!(h.ledger.record(moved).expect("record").claimed_by.is_none());
+    h.stop().await;
+}

@@ -67,6 +67,17 @@ impl Ledger for FlakyLedger {
     async fn publish_executor_finished(&self, view: &AssignmentView) -> Result<(), LedgerError> {
         self.inner.publish_executor_finished(view).await
     }
+
+    async fn warm_binding(
+        &self,
+        backend: &jr_protocol::BackendName,
+        warm: AssignmentId,
+    ) -> Result<Option<jr_bus::warm::WarmBinding>, LedgerError> {
+        if self.lookups_down.load(Ordering::SeqCst) {
+            return Err(down());
+        }
+        self.inner.warm_binding(backend, warm).await
+    }
 }
 
 /// One Connect call through the router. Returns the status and body.

@@ -31,6 +31,7 @@ fn created(id: AssignmentId, attempt: u32, token: &str) -> Envelope {
             workload: format!("w-{attempt}"),
             token_hash: TokenHash::of_token(token),
             worker_id: "pod-1".into(),
+            warm: None,
         }),
     )
 }

@@ -27,6 +27,7 @@ mod publish;
 mod retry;
 mod topology;
 mod trace;
+pub mod warm;
 
 #[cfg(feature = "testing")]
 pub mod testing;

@@ -9,12 +9,14 @@
 //!   (`claimed`, `terminal`, `task-failed`, `redispatched`, `executor-finished`); pulls and acks
 //!   its durable `scheduler` on `JR_COMMANDS`; reads single messages and replays
 //!   `JR_ASSIGNMENTS`/`JR_EVENTS` with ordered consumers; reads the pending counts of the
-//!   workers' durables (pacing); owns the KV bucket `JR_SCHEDULER` (Forgejo request keys, fetch leases).
+//!   workers' durables (pacing); owns the KV bucket `JR_SCHEDULER` (Forgejo request keys, fetch leases);
+//!   reads the warm bindings in `JR_WARM_<backend>` and subscribes to their wake-ups `jr.warm.>`.
 //! - **`<backend>-worker`**: publishes only its backend's worker events
 //!   (`jr.event.<backend>.*.{workload-requested,workload-created,workload-observed,released}`);
 //!   pulls and acks its two durables `<backend>-worker` (filters fixed in the create subject);
-//!   reads single messages of `JR_ASSIGNMENTS`/`JR_EVENTS`; owns the KV bucket
-//!   `JR_WORKLOADS_<backend>`; reads the placement switches in the KV bucket `JR_PLACEMENT`.
+//!   reads single messages of `JR_ASSIGNMENTS`/`JR_EVENTS`; owns the KV buckets
+//!   `JR_WORKLOADS_<backend>` and `JR_WARM_<backend>` (warm bindings) and publishes the core
+//!   wake-ups `jr.warm.<backend>.*`; reads the placement switches in the KV bucket `JR_PLACEMENT`.
 //! - **reconciler**: publishes only commands (`jr.command.<backend>.delete-workload`,
 //!   `jr.command.scheduler.fail-task`, `jr.command.scheduler.redispatch`); replays
 //!   `JR_ASSIGNMENTS`/`JR_EVENTS` with ordered consumers; reads the workers' pending counts;
@@ -31,8 +33,9 @@
 //! - The body of a consumer-create request is not subject to permissions: a scheduler or
 //!   reconciler could create a push consumer on `JR_ASSIGNMENTS`/`JR_EVENTS` whose deliver
 //!   subject is another jetrunner subject. nats-server refuses a deliver subject its own stream
-//!   captures (a cycle) and delivers only where a subscriber has interest; no jetrunner service
-//!   subscribes to core `jr.*` subjects, and the consumers of every stream check what they act on.
+//!   captures (a cycle) and delivers only where a subscriber has interest; the only core `jr.*`
+//!   subscription is the scheduler's on `jr.warm.>`, whose messages only make it read a bucket
+//!   again, and the consumers of every stream check what they act on.
 //! - `$JS.API.STREAM.MSG.GET.<stream>` names the wanted subject in the request body, so a
 //!   service that reads single messages may read any message of that stream (with replicas,
 //!   last-message reads use it to reach the leader). A direct get of a subject's last message
@@ -241,6 +244,17 @@ pub fn permissions(role: &Role, backends: &[BackendName]) -> Permissions {
                 ordered_consumers(&mut p, stream, &worker_durables);
             }
             own_bucket(&mut p, SCHEDULER_BUCKET, false);
+            // The facade reads warm executors' bindings and wakes on the workers' notices.
+            for backend in backends {
+                let bucket = crate::warm::bucket(backend);
+                let stream = format!("KV_{bucket}");
+                p.publish_allow.push(format!("{API}.STREAM.INFO.{stream}"));
+                p.publish_allow
+                    .push(format!("{API}.DIRECT.GET.{stream}.$KV.{bucket}.>"));
+                p.publish_allow
+                    .push(format!("{API}.STREAM.MSG.GET.{stream}"));
+            }
+            p.subscribe_allow.push(crate::warm::WAKE_ALL.to_owned());
         }
         Role::Worker(backend) => {
             for kind in WORKER_EVENT_KINDS {
@@ -272,6 +286,8 @@ pub fn permissions(role: &Role, backends: &[BackendName]) -> Permissions {
                 "{API}.DIRECT.GET.{STREAM_EVENTS}.jr.event.{backend}.>"
             ));
             own_bucket(&mut p, &worker_bucket(backend), true);
+            own_bucket(&mut p, &crate::warm::bucket(backend), false);
+            p.publish_allow.push(format!("jr.warm.{backend}.*"));
             // Reads the burst switch; writing it is for operators.
             let placement = format!("KV_{PLACEMENT_BUCKET}");
             p.publish_allow
@@ -435,6 +451,36 @@ mod tests {
 
     fn b(name: &str) -> BackendName {
         BackendName::new(name).expect("valid")
+    }
+
+    /// A warm binding decides which executor receives a job: only its backend's worker may
+    /// write it (or wake the facade about it), and the scheduler may read every backend's.
+    #[test]
+    fn warm_bindings_are_written_by_their_worker_only_and_read_by_the_scheduler() {
+        let backends = backends();
+        let warm = AssignmentId::for_task("https://forge", 9);
+        for backend in &backends {
+            let bucket = crate::warm::bucket(backend);
+            let write = format!("$KV.{bucket}.{warm}");
+            let read = format!("$JS.API.DIRECT.GET.KV_{bucket}.$KV.{bucket}.{warm}");
+            let wake = crate::warm::wake_subject(backend, warm);
+            for role in Role::all(&backends) {
+                let p = permissions(&role, &backends);
+                let owner = role == Role::Worker(backend.clone());
+                assert_eq!(p.may_publish(&write), owner, "{role:?} {write}");
+                assert_eq!(p.may_publish(&wake), owner, "{role:?} {wake}");
+                assert_eq!(
+                    p.may_publish(&read),
+                    owner || role == Role::Scheduler,
+                    "{role:?} {read}"
+                );
+                assert_eq!(
+                    p.may_subscribe(&wake),
+                    role == Role::Scheduler,
+                    "{role:?} subscribes {wake}"
+                );
+            }
+        }
     }
 
     /// Who may publish each jetrunner subject: exactly the owner the design names.

@@ -383,6 +383,9 @@ pub struct BackendConfig {
     /// Per-repository and per-owner concurrency quotas inside this backend.
     #[serde(default)]
     pub fair_share: Option<FairShareConfig>,
+    /// Executors started ahead of demand and bound to the next job at its FetchTask.
+    #[serde(default)]
+    pub warm: Option<WarmConfig>,
     /// How much this backend is trusted with: `trusted` (only jobs whose context may use it) or
     /// `untrusted` (any job). Default: `trusted` for `pod`, `untrusted` for `vm`.
     #[serde(default)]
@@ -442,6 +445,34 @@ pub struct BurstConfig {
     /// while the default tier has room (unset: only when the default tier is full).
     #[serde(default, with = "humantime_serde")]
     pub after: Option<Duration>,
+}
+
+/// `[backend.<name>.warm]`: executors started ahead of demand. They hold capacity slots like
+/// job workloads; the worker binds the next assignment it pulls to an idle one instead of
+/// creating a workload, and the facade hands that executor the task at its next FetchTask.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WarmConfig {
+    /// Idle warm executors kept started at all times (capacity permitting).
+    pub min_idle: usize,
+    /// While jobs keep arriving, up to this many idle warm executors (default: `min_idle`).
+    #[serde(default)]
+    pub max_idle: Option<usize>,
+    /// Back to `min_idle` only after the backend was completely idle (no job workload, no
+    /// assignment delivered) this long.
+    #[serde(default = "five_min", with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// An idle warm executor older than this is replaced; its workload lives at most
+    /// `2 × max_age + max_duration`, so a job bound to it always has its full `max_duration`.
+    #[serde(default = "one_h", with = "humantime_serde")]
+    pub max_age: Duration,
+}
+
+impl WarmConfig {
+    /// `max_idle`, or `min_idle` when unset.
+    pub fn max_idle(&self) -> usize {
+        self.max_idle.unwrap_or(self.min_idle).max(self.min_idle)
+    }
 }
 
 /// `[backend.<name>.fair_share]`: at most this many workloads of one repository / one owner
@@ -764,6 +795,12 @@ fn two_s() -> Duration {
 }
 fn ten_s() -> Duration {
     Duration::from_secs(10)
+}
+fn five_min() -> Duration {
+    Duration::from_secs(300)
+}
+fn one_h() -> Duration {
+    Duration::from_secs(3600)
 }
 fn three_h() -> Duration {
     Duration::from_secs(3 * 3600)

@@ -148,6 +148,7 @@ impl std::fmt::Debug for crate::BackendConfig {
             .field("labels", &self.labels)
             .field("max_duration", &self.max_duration)
             .field("providers", &self.providers)
+            .field("warm", &self.warm)
             .field("kubernetes", &self.kubernetes)
             .field("opensandbox", &self.opensandbox)
             .finish_non_exhaustive()

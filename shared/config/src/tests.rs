@@ -412,3 +412,56 @@ fn a_zero_fair_share_is_refused_with_its_key() {
         assert!(err.to_string().contains(key), "{table}: {err}");
     }
 }
+
+#[test]
+fn warm_executors_are_validated_with_their_keys() {
+    let with = |table: &str| {
+        MINIMAL.replace(
+            "kubernetes = { namespace = \"jobs\" }\n",
+            &format!("kubernetes = {{ namespace = \"jobs\" }}\n{table}\n"),
+        )
+    };
+    let c = load_env(&with("warm = { min_idle = 2, max_idle = 3 }"), &[]).expect("valid warm");
+    let warm = c.backend["pod"].warm.clone().expect("warm");
+    assert_eq!((warm.min_idle, warm.max_idle()), (2, 3));
+    assert_eq!(warm.idle_timeout, std::time::Duration::from_secs(300));
+    assert_eq!(warm.max_age, std::time::Duration::from_secs(3600));
+    let c = load_env(&with("warm = { min_idle = 2 }"), &[]).expect("valid warm");
+    assert_eq!(
+        c.backend["pod"].warm.as_ref().map(|w| w.max_idle()),
+        Some(2)
+    );
+    for (table, key) in [
+        (
+            "warm = { min_idle = 3, max_idle = 2 }",
+            "backend.pod.warm.max_idle",
+        ),
+        ("warm = { min_idle = 1000 }", "backend.pod.warm.min_idle"),
+        (
+            "warm = { min_idle = 1, max_idle = 1000 }",
+            "backend.pod.warm.max_idle",
+        ),
+        (
+            "warm = { min_idle = 1, idle_timeout = \"0s\" }",
+            "backend.pod.warm.idle_timeout",
+        ),
+        (
+            "warm = { min_idle = 1, max_age = \"10s\" }",
+            "backend.pod.warm.max_age",
+        ),
+        ("warm = { min_idle = 1, spare = 2 }", "spare"),
+        (
+            "warm = { min_idle = 1 }\nfair_share = { per_repository = 2 }",
+            "backend.pod.warm.min_idle",
+        ),
+    ] {
+        let err = load_env(&with(table), &[]).expect_err(table);
+        assert!(err.to_string().contains(key), "{table}: {err}");
+    }
+    let err = load_env(
+        &with("warm = { min_idle = 1 }"),
+        &[("JETRUNNER__POD_WORKER__PUBLISH_REQUESTED", "true")],
+    )
+    .expect_err("warm without the scheduler holding the key");
+    assert!(err.to_string().contains("publish_requested"), "{err}");
+}

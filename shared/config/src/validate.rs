@@ -262,6 +262,60 @@ impl Config {
                     ));
                 }
             }
+            if let Some(warm) = &b.warm {
+                let wkey = |k: &str| format!("backend.{name}.warm.{k}");
+                if warm.max_idle.is_some_and(|m| m < warm.min_idle) {
+                    return Err(ConfigError::key(
+                        wkey("max_idle"),
+                        "must be at least min_idle",
+                    ));
+                }
+                if warm.max_idle() > b.capacity {
+                    return Err(ConfigError::key(
+                        wkey(if warm.max_idle.is_some() {
+                            "max_idle"
+                        } else {
+                            "min_idle"
+                        }),
+                        "exceeds the backend's capacity (warm executors hold slots)",
+                    ));
+                }
+                if warm.idle_timeout < Duration::from_secs(1) {
+                    return Err(ConfigError::key(
+                        wkey("idle_timeout"),
+                        "must be at least 1s",
+                    ));
+                }
+                if warm.max_age < Duration::from_secs(60) {
+                    return Err(ConfigError::key(wkey("max_age"), "must be at least 1m"));
+                }
+                // A job bound to a warm executor skips the create call, and with it the checks
+                // that only a create makes.
+                if b.fair_share.is_some() {
+                    return Err(ConfigError::key(
+                        wkey("min_idle"),
+                        "warm executors cannot be combined with fair_share (a bound job is not counted by the quotas)",
+                    ));
+                }
+                if burst_providers > 0 {
+                    return Err(ConfigError::key(
+                        wkey("min_idle"),
+                        "warm executors cannot be combined with burst-tier providers (a bound job would skip the tier choice)",
+                    ));
+                }
+                let requested = [(&self.pod_worker, "pod"), (&self.vm_worker, "vm")]
+                    .into_iter()
+                    .any(|(w, default)| {
+                        w.publish_requested
+                            && w.backend.as_deref().unwrap_or(default) == name.as_str()
+                    });
+                if requested {
+                    return Err(ConfigError::key(
+                        wkey("min_idle"),
+                        "warm executors need the scheduler to hold the worker's token key; publish_requested is set for this backend's worker",
+                    ));
+                }
+            }
             let mut seen = BTreeSet::new();
             for (i, p) in b.providers.iter().enumerate() {
                 if !seen.insert(p.name.as_str()) {

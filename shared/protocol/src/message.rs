@@ -235,6 +235,11 @@ pub struct WorkloadCreated {
     pub workload: String,
     pub token_hash: TokenHash,
     pub worker_id: String,
+    /// Set when the workload is a warm executor bound to this attempt: its warm identity (the
+    /// runner uuid its executor calls the facade with). Absent for a workload made for the
+    /// attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm: Option<AssignmentId>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

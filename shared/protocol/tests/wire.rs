@@ -44,6 +44,16 @@ fn samples() -> Vec<Envelope> {
             workload: "jr-x-1".into(),
             token_hash: TokenHash::of_token("per-attempt-token"),
             worker_id: "pod-worker-0".into(),
+            warm: None,
+        }),
+        Message::WorkloadCreated(WorkloadCreated {
+            backend: pod(),
+            workload: "jr-c0ffee00-0000-4000-8000-000000000001-0".into(),
+            token_hash: TokenHash::of_token("warm-token"),
+            worker_id: "pod-worker-0".into(),
+            warm: Some(AssignmentId(uuid::Uuid::from_u128(
+                0xc0ffee00_0000_4000_8000_000000000001,
+            ))),
         }),
         Message::WorkloadObserved(WorkloadObserved {
             backend: pod(),

@@ -84,6 +84,7 @@ impl Builder {
                 workload: self.workload(attempt),
                 token_hash: TokenHash::from_published(format!("hash-{attempt}")),
                 worker_id: "worker-1".into(),
+                warm: None,
             }),
         )
     }
@@ -98,6 +99,7 @@ impl Builder {
                 workload: workload.to_owned(),
                 token_hash: TokenHash::from_published(format!("hash-{attempt}")),
                 worker_id: "worker-1".into(),
+                warm: None,
             }),
         )
     }

@@ -23,7 +23,7 @@ use crate::ledger::Ledger;
 use crate::metrics::{ErrorLabels, WorkerMetrics};
 use crate::state::{
     AttemptKey, CreateAnswer, DeleteAnswer, DeliveryId, Effect, Event, Input, StateConfig,
-    TicketId, WorkerState,
+    TicketId, WarmPolicy, WorkerState,
 };
 use crate::token::TokenKey;
 
@@ -40,13 +40,40 @@ pub struct WorkerSettings {
     pub stray_grace: Duration,
     /// Publish `workload-requested` before each create (for a facade without the token key).
     pub publish_requested: bool,
+    /// Warm executors (`[backend.<name>.warm]`); `None`: none.
+    pub warm: Option<WarmSettings>,
+}
+
+/// What a worker needs to keep warm executors.
+#[derive(Clone, Debug)]
+pub struct WarmSettings {
+    pub min_idle: usize,
+    pub max_idle: usize,
+    pub idle_timeout: Duration,
+    pub max_age: Duration,
+    /// Labels a warm executor declares (the backend's labels; its job is not known yet).
+    pub labels: Vec<String>,
+    /// The backend's longest job: a warm workload lives `2 × max_age + max_duration`.
+    pub max_duration: Duration,
 }
 
 impl WorkerSettings {
     pub(crate) fn state_config(&self) -> StateConfig {
+        let warm = self
+            .warm
+            .as_ref()
+            .map(|w| WarmPolicy {
+                min_idle: w.min_idle,
+                max_idle: w.max_idle.max(w.min_idle),
+                idle_timeout: w.idle_timeout,
+                max_age: w.max_age,
+                seed: rand::random(),
+            })
+            .unwrap_or_default();
         StateConfig {
             resync_every: self.resync_interval,
             stray_grace: self.stray_grace,
+            warm,
             ..StateConfig::new(self.capacity)
         }
     }
@@ -64,6 +91,8 @@ pub(crate) struct Io<B> {
     pub(crate) shutdown: CancellationToken,
     /// Each job's trace context, for the events and calls that continue it.
     pub(crate) traces: jr_bus::TraceBook,
+    /// `JR_WARM_<backend>`: where bindings of warm executors are recorded for the facade.
+    pub(crate) warm_bindings: Option<jr_bus::async_nats::jetstream::kv::Store>,
 }
 
 impl<B> Clone for Io<B> {
@@ -75,6 +104,7 @@ impl<B> Clone for Io<B> {
             metrics: self.metrics.clone(),
             shutdown: self.shutdown.clone(),
             traces: self.traces.clone(),
+            warm_bindings: self.warm_bindings.clone(),
         }
     }
 }
@@ -90,15 +120,24 @@ impl<B: Backend> Io<B> {
     pub(crate) fn envelope(&self, event: &Event) -> (String, Envelope) {
         let backend = self.settings.backend.clone();
         let (key, kind, id, message) = match event {
-            Event::Created { key, workload } => (
+            Event::Created {
+                key,
+                workload,
+                warm,
+            } => (
                 *key,
                 Kind::WorkloadCreated,
                 msg_id::workload_created(key.assignment, key.attempt),
                 Message::WorkloadCreated(WorkloadCreated {
                     backend,
                     workload: workload.clone(),
-                    token_hash: self.token_hash(*key),
+                    // The token its executor holds: a warm executor's own.
+                    token_hash: match warm {
+                        Some(warm) => self.token_hash(AttemptKey::new(*warm, 0)),
+                        None => self.token_hash(*key),
+                    },
                     worker_id: self.settings.worker_id.clone(),
+                    warm: *warm,
                 }),
             ),
             Event::Observed {
@@ -138,7 +177,39 @@ impl<B: Backend> Io<B> {
         (subject, envelope)
     }
 
+    /// Records a warm executor's binding for the facade (before `workload-created` is
+    /// published) and wakes a facade waiting for it.
+    async fn record_binding(&self, warm: jr_protocol::AssignmentId, key: AttemptKey) -> bool {
+        let Some(store) = &self.warm_bindings else {
+            tracing::error!(%warm, %key, "a warm executor was bound without a binding bucket");
+            return false;
+        };
+        let binding = jr_bus::warm::WarmBinding {
+            assignment: key.assignment,
+            attempt: key.attempt,
+        };
+        if let Err(error) = store.put(warm.to_string(), binding.encode().into()).await {
+            tracing::warn!(%warm, %key, %error, "could not record a warm executor's binding");
+            return false;
+        }
+        let wake = jr_bus::warm::wake_subject(&self.settings.backend, warm);
+        if let Err(error) = self.bus.client().publish(wake, Default::default()).await {
+            // The facade looks again on its own; the binding is recorded.
+            tracing::debug!(%warm, %error, "warm wake-up not sent");
+        }
+        true
+    }
+
     async fn publish(&self, event: &Event) -> bool {
+        if let Event::Created {
+            key,
+            warm: Some(warm),
+            ..
+        } = event
+            && !self.record_binding(*warm, *key).await
+        {
+            return false;
+        }
         let (subject, envelope) = self.envelope(event);
         let span = tracing::info_span!(
             parent: None,
@@ -215,6 +286,27 @@ impl<B: Backend> Io<B> {
         }
     }
 
+    /// The spec of warm executor `warm`: attempt 0 of its warm identity, the backend's labels,
+    /// a lifetime covering its idle time and the longest job.
+    fn warm_spec(&self, warm: jr_protocol::AssignmentId) -> Option<WorkloadSpec> {
+        let w = self.settings.warm.as_ref()?;
+        Some(WorkloadSpec {
+            assignment_id: warm,
+            attempt: 0,
+            backend: self.settings.backend.clone(),
+            provider: None,
+            labels: w.labels.clone(),
+            max_duration: w.max_age * 2 + w.max_duration,
+            worker_id: self.settings.worker_id.clone(),
+            facade_url: self.settings.facade_url.clone(),
+            executor_token: self.settings.token_key.token(warm, 0),
+            repository: String::new(),
+            workflow: String::new(),
+            job_name: "warm".to_owned(),
+            fetched_at: now_ms(),
+        })
+    }
+
     /// The create call, after `workload-requested` when asked for (the token hash is durable
     /// before anything can present the token, for a facade that checks hashes).
     async fn create(self, spec: WorkloadSpec) -> CreateAnswer {
@@ -231,7 +323,9 @@ impl<B: Backend> Io<B> {
     }
 
     async fn create_traced(self, spec: WorkloadSpec, key: AttemptKey) -> CreateAnswer {
+        // A warm executor's identity is nobody's assignment: nothing about it is published.
         if self.settings.publish_requested
+            && spec.attempt > 0
             && let Some(answer) = self.publish_requested(key).await
         {
             return answer;
@@ -356,6 +450,19 @@ impl<B: Backend> Driver<B> {
             };
             self.feed(input).await;
             self.io.metrics.slots_used.set(self.state.used() as i64);
+            self.io
+                .metrics
+                .warm_idle
+                .set(self.state.warm_idle_count() as i64);
+            self.io
+                .metrics
+                .warm_bound
+                .set(self.state.warm_bound_count() as i64);
+            let binds = self.state.warm_binds();
+            self.io
+                .metrics
+                .warm_binds
+                .inc_by(binds.saturating_sub(self.io.metrics.warm_binds.get()));
             self.io.metrics.debt.set(self.state.debt() as i64);
             report(self.state.is_ready());
         }
@@ -411,6 +518,24 @@ impl<B: Backend> Driver<B> {
                         key,
                         answer,
                     }
+                });
+            }
+            Effect::CreateWarm { warm } => {
+                let io = self.io.clone();
+                let Some(spec) = io.warm_spec(warm) else {
+                    tracing::error!(%warm, "warm executor asked for without warm settings");
+                    return;
+                };
+                self.ops.spawn(async move {
+                    let answer = io.create(spec).await;
+                    Input::WarmCreateAnswered { warm, answer }
+                });
+            }
+            Effect::DeleteWarm { workload } => {
+                let io = self.io.clone();
+                self.ops.spawn(async move {
+                    let answer = io.clone().delete(workload.clone()).await;
+                    Input::WarmDeleteAnswered { workload, answer }
                 });
             }
             Effect::Delete {

@@ -98,6 +98,29 @@ impl Ledger {
     }
 }
 
+/// Opens (creating if missing) `JR_WARM_<backend>`, where bindings of warm executors are
+/// recorded for the facade.
+pub(crate) async fn open_warm_bindings(
+    bus: &Bus,
+    backend: &BackendName,
+) -> Result<kv::Store, WorkerError> {
+    let bucket = jr_bus::warm::bucket(backend);
+    bus.jetstream()
+        .create_or_update_key_value(kv::Config {
+            bucket: bucket.clone(),
+            description: "warm executors' bindings to assignment attempts (read by the facade)"
+                .into(),
+            history: 1,
+            max_age: jr_bus::warm::BINDING_MAX_AGE,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| WorkerError::Ledger {
+            bucket,
+            message: e.to_string(),
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

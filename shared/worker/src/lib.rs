@@ -18,7 +18,7 @@ pub mod state;
 pub mod token;
 
 pub use backend::{Backend, BackendError, ObservedWorkload, WorkloadSpec, workload_name};
-pub use driver::{Worker, WorkerSettings};
+pub use driver::{WarmSettings, Worker, WorkerSettings};
 pub use error::WorkerError;
 pub use fair::{Fair, FairShare};
 pub use metrics::WorkerMetrics;

@@ -28,6 +28,12 @@ pub struct WorkerMetrics {
     pub terminated_messages: Counter,
     /// Seconds from the forge fetch (assignment `fetched_at`) to workload created.
     pub dispatch_latency: Histogram,
+    /// Warm executors started and not bound to a job.
+    pub warm_idle: Gauge,
+    /// Job workloads that started as warm executors.
+    pub warm_bound: Gauge,
+    /// Assignments bound to a warm executor instead of a create call.
+    pub warm_binds: Counter,
 }
 
 impl Default for WorkerMetrics {
@@ -46,6 +52,9 @@ impl Default for WorkerMetrics {
             dispatch_latency: Histogram::new([
                 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
             ]),
+            warm_idle: Gauge::default(),
+            warm_bound: Gauge::default(),
+            warm_binds: Counter::default(),
         }
     }
 }
@@ -107,6 +116,21 @@ impl WorkerMetrics {
             "dispatch_latency_seconds",
             "Forge fetch to workload created",
             self.dispatch_latency.clone(),
+        );
+        r.register(
+            "warm_idle",
+            "Warm executors started and not bound to a job",
+            self.warm_idle.clone(),
+        );
+        r.register(
+            "warm_bound",
+            "Job workloads that started as warm executors",
+            self.warm_bound.clone(),
+        );
+        r.register(
+            "warm_binds",
+            "Assignments bound to a warm executor instead of a create call",
+            self.warm_binds.clone(),
         );
     }
 }

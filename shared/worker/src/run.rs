@@ -113,7 +113,21 @@ impl<B: Backend> Worker<B> {
 
         // Each job's trace, so the events published later continue it.
         let traces = jr_bus::TraceBook::default();
+        let warm_bindings = match &self.settings.warm {
+            Some(_) => {
+                let Some(store) = until_ok("opening the warm binding bucket", &shutdown, || {
+                    crate::ledger::open_warm_bindings(&self.bus, &backend_name)
+                })
+                .await
+                else {
+                    return Ok(());
+                };
+                Some(store)
+            }
+            None => None,
+        };
         let io = Io {
+            warm_bindings,
             bus: self.bus.clone(),
             backend: self.backend.clone(),
             settings: self.settings.clone(),

@@ -5,7 +5,7 @@ use std::time::Duration;
 use jr_protocol::BackendName;
 
 use crate::backend::Backend;
-use crate::driver::{Worker, WorkerSettings};
+use crate::driver::{WarmSettings, Worker, WorkerSettings};
 use crate::error::WorkerError;
 use crate::token::TokenKey;
 
@@ -46,6 +46,22 @@ pub fn settings_from_config(
         resync_interval: section.resync_interval.unwrap_or(Duration::from_secs(15)),
         stray_grace: section.stray_grace.unwrap_or(Duration::from_secs(60)),
         publish_requested: section.publish_requested,
+        warm: backend_cfg
+            .warm
+            .as_ref()
+            .filter(|w| w.max_idle() > 0)
+            .map(|w| WarmSettings {
+                min_idle: w.min_idle,
+                max_idle: w.max_idle(),
+                idle_timeout: w.idle_timeout,
+                max_age: w.max_age,
+                labels: if backend_cfg.labels.is_empty() {
+                    vec![name.clone()]
+                } else {
+                    backend_cfg.labels.clone()
+                },
+                max_duration: backend_cfg.max_duration,
+            }),
     };
     Ok((settings, backend_cfg))
 }

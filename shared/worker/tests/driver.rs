@@ -98,6 +98,7 @@ fn settings() -> WorkerSettings {
         resync_interval: Duration::from_secs(60),
         stray_grace: Duration::from_secs(60),
         publish_requested: false,
+        warm: None,
     }
 }
 

@@ -14,7 +14,7 @@ use jr_protocol::{AssignmentId, WorkloadPhase};
 use jr_worker::ObservedWorkload;
 use jr_worker::state::{
     AttemptKey, BusFacts, CreateAnswer, DeleteAnswer, DeliveryId, Effect, Event, Input,
-    StateConfig, TicketId, WorkerState,
+    StateConfig, TicketId, WarmPolicy, WorkerState,
 };
 use proptest::prelude::*;
 
@@ -84,6 +84,12 @@ struct World {
     create_calls: usize,
     /// Attempts that ever had a real (not half-made) workload on the backend.
     ever_workload: BTreeSet<AttemptKey>,
+    /// Warm executors: the policy, creates and deletes in flight, and bindings published.
+    warm: WarmPolicy,
+    warm_creates: BTreeSet<AssignmentId>,
+    warm_deletes: BTreeSet<String>,
+    bound: BTreeMap<String, AttemptKey>,
+    binds: usize,
 }
 
 fn observed(name: &str, w: &BackendWorkload) -> ObservedWorkload {
@@ -97,11 +103,17 @@ fn observed(name: &str, w: &BackendWorkload) -> ObservedWorkload {
 }
 
 impl World {
-    fn new(capacity: usize) -> Self {
+    fn config(capacity: usize, warm: &WarmPolicy) -> StateConfig {
+        let mut cfg = StateConfig::new(capacity);
+        cfg.warm = warm.clone();
+        cfg
+    }
+
+    fn new(capacity: usize, warm: WarmPolicy) -> Self {
         let mut w = World {
             now: Instant::now(),
             capacity,
-            state: WorkerState::new(StateConfig::new(capacity)),
+            state: WorkerState::new(Self::config(capacity, &warm)),
             truth: BTreeMap::new(),
             history: BTreeMap::new(),
             messages: BTreeSet::new(),
@@ -126,6 +138,11 @@ impl World {
             next_task: 0,
             create_calls: 0,
             ever_workload: BTreeSet::new(),
+            warm,
+            warm_creates: BTreeSet::new(),
+            warm_deletes: BTreeSet::new(),
+            bound: BTreeMap::new(),
+            binds: 0,
         };
         w.recover();
         w
@@ -185,8 +202,10 @@ impl World {
                     "granted {} tickets to a pull that asked for {asked}",
                     tickets.len()
                 );
+                // Idle warm executors' slots are offered to pulls (a delivery binds one).
                 assert!(
-                    self.state.used() + self.state.reserved() <= self.capacity,
+                    self.state.used() + self.state.reserved()
+                        <= self.capacity + self.state.warm_idle_count(),
                     "a pull granted beyond capacity"
                 );
                 self.tickets.extend(tickets);
@@ -221,14 +240,42 @@ impl World {
                     .values()
                     .filter(|k| self.alive_told(**k).is_none())
                     .count();
+                let warm = self.warm_creates.len();
                 assert!(
-                    alive_known + fresh_creates < self.capacity,
-                    "create beyond capacity: {alive_known} known workloads, {fresh_creates} creates in flight, capacity {}",
+                    alive_known + fresh_creates + warm < self.capacity,
+                    "create beyond capacity: {alive_known} known workloads, {fresh_creates} creates and {warm} warm creates in flight, capacity {}",
                     self.capacity
                 );
                 assert_eq!(self.state.debt(), 0, "create while in debt");
                 self.creates.insert(delivery, key);
                 self.create_calls += 1;
+            }
+            Effect::CreateWarm { warm } => {
+                let alive_known = self
+                    .backend
+                    .keys()
+                    .filter(|n| self.told.contains(*n))
+                    .count();
+                let fresh_creates = self
+                    .creates
+                    .values()
+                    .filter(|k| self.alive_told(**k).is_none())
+                    .count();
+                let warm_in_flight = self.warm_creates.len();
+                assert!(
+                    alive_known + fresh_creates + warm_in_flight < self.capacity,
+                    "warm create beyond capacity: {alive_known} known workloads, {fresh_creates} creates and {warm_in_flight} warm creates in flight, capacity {}",
+                    self.capacity
+                );
+                assert_eq!(self.state.debt(), 0, "warm create while in debt");
+                assert!(self.warm_creates.insert(warm), "warm id {warm} twice");
+            }
+            Effect::DeleteWarm { workload } => {
+                assert!(
+                    !self.bound.contains_key(&workload) && !self.announced.contains_key(&workload),
+                    "the worker deleted {workload}, a workload the reconciler knows (bound)"
+                );
+                self.warm_deletes.insert(workload);
             }
             Effect::Delete {
                 delivery, workload, ..
@@ -258,9 +305,31 @@ impl World {
 
     fn record(&mut self, event: Event) {
         let (key, workload, failure) = match &event {
-            Event::Created { key, workload } => {
+            Event::Created {
+                key,
+                workload,
+                warm,
+            } => {
                 let t = self.truth.entry(key.assignment).or_default();
                 t.created_attempt = Some(t.created_attempt.unwrap_or(0).max(key.attempt));
+                if let Some(warm) = warm {
+                    let listed = self.backend.get(workload).map(|w| w.key);
+                    assert!(
+                        listed.is_none_or(|k| k == AttemptKey::new(*warm, 0)),
+                        "{workload} bound as warm {warm} but it is {listed:?}"
+                    );
+                    if let Some(before) = self.bound.insert(workload.clone(), *key) {
+                        assert_eq!(before, *key, "{workload} bound to two attempts");
+                    } else {
+                        assert!(
+                            !self.created_keys.contains(key),
+                            "{key} bound to a warm executor after a create"
+                        );
+                        self.binds += 1;
+                    }
+                    self.created_keys.insert(*key);
+                    self.ever_workload.insert(*key);
+                }
                 (*key, workload.clone(), false)
             }
             Event::Observed {
@@ -276,6 +345,10 @@ impl World {
                 (*key, workload.clone(), true)
             }
         };
+        assert!(
+            key.attempt > 0,
+            "published about an idle warm executor: {event:?}"
+        );
         if failure && !self.ever_workload.contains(&key) {
             assert!(
                 !self.backpressure_only.get(&key).copied().unwrap_or(false),
@@ -343,8 +416,52 @@ impl World {
         name
     }
 
+    fn answer_warm(&mut self, a: u8, b: u8) {
+        if b.is_multiple_of(2) {
+            let Some(warm) = Self::pick(self.warm_creates.iter().copied(), a) else {
+                return;
+            };
+            self.warm_creates.remove(&warm);
+            let key = AttemptKey::new(warm, 0);
+            let answer = match b % 8 {
+                0 | 2 => {
+                    let name = self.add_workload(key, false);
+                    self.told.insert(name.clone());
+                    CreateAnswer::Created(name)
+                }
+                4 => CreateAnswer::Full {
+                    retry_after: Duration::from_secs(u64::from(a % 20)),
+                },
+                _ => {
+                    if a.is_multiple_of(2) {
+                        // Made, but the answer was lost.
+                        self.add_workload(key, false);
+                    }
+                    CreateAnswer::Transient { retry_after: None }
+                }
+            };
+            self.feed(Input::WarmCreateAnswered { warm, answer });
+        } else {
+            let Some(workload) = Self::pick(self.warm_deletes.iter().cloned(), a) else {
+                return;
+            };
+            self.warm_deletes.remove(&workload);
+            let answer = if b % 5 == 1 {
+                DeleteAnswer::Transient { retry_after: None }
+            } else {
+                if let Some(w) = self.backend.get_mut(&workload) {
+                    w.deleting = true;
+                    w.phase = WorkloadPhase::Terminating;
+                }
+                DeleteAnswer::Deleted
+            };
+            self.feed(Input::WarmDeleteAnswered { workload, answer });
+        }
+    }
+
     fn step(&mut self, (kind, a, b, c): (u8, u8, u8, u8)) {
-        match kind % 12 {
+        match kind % 13 {
+            12 => self.answer_warm(a, b),
             // The gated consumer asks for up to a few tickets per pull, and asks again only
             // when it holds none.
             0 if self.tickets.is_empty() => {
@@ -595,11 +712,9 @@ impl World {
             1 => t.terminal = true,
             2 => {
                 let key = AttemptKey::new(id, latest);
-                if self
-                    .backend
-                    .values()
-                    .any(|w| w.key == key && w.ghost_until.is_none())
-                {
+                if self.backend.iter().any(|(name, w)| {
+                    (w.key == key || self.bound.get(name) == Some(&key)) && w.ghost_until.is_none()
+                }) {
                     t.claimed_attempt = Some(latest);
                 }
             }
@@ -620,7 +735,15 @@ impl World {
                 self.backpressure_only.insert(key, false);
             }
         }
-        self.state = WorkerState::new(StateConfig::new(self.capacity));
+        let lost_warm: Vec<AssignmentId> = self.warm_creates.iter().copied().collect();
+        for warm in lost_warm {
+            if b.is_multiple_of(2) {
+                self.add_workload(AttemptKey::new(warm, 0), false);
+            }
+        }
+        self.state = WorkerState::new(Self::config(self.capacity, &self.warm));
+        self.warm_creates.clear();
+        self.warm_deletes.clear();
         self.creates.clear();
         self.deletes.clear();
         self.in_delivery.clear();
@@ -653,6 +776,12 @@ impl World {
             while !self.deletes.is_empty() {
                 self.answer_delete(0, 1);
             }
+            while !self.warm_creates.is_empty() {
+                self.answer_warm(0, 0);
+            }
+            while !self.warm_deletes.is_empty() {
+                self.answer_warm(0, 3);
+            }
             self.finish_deletions(1);
             self.tick(Duration::from_secs(16));
             if let Some((_, _)) = self.list.take() {
@@ -678,9 +807,19 @@ proptest! {
         capacity in 1usize..4,
         tasks in 1usize..5,
         adopted in 0usize..5,
+        warm_min in 0usize..3,
+        warm_extra in 0usize..2,
         steps in proptest::collection::vec(action(), 1..160),
     ) {
-        let mut world = World::new(capacity);
+        let max_idle = (warm_min + warm_extra).min(capacity);
+        let warm = WarmPolicy {
+            min_idle: warm_min.min(max_idle),
+            max_idle,
+            idle_timeout: Duration::from_secs(30),
+            max_age: Duration::from_secs(120),
+            seed: 9,
+        };
+        let mut world = World::new(capacity, warm);
         for _ in 0..tasks {
             world.new_task();
         }
@@ -703,7 +842,9 @@ proptest! {
             world.step(step);
         }
         world.drain();
-        if std::env::var("JR_STATS").is_ok() { eprintln!("STATS creates={} released={} deleted={} bp={} msgs={}", world.create_calls, world.released.len(), world.deleted.len(), world.backpressure_only.values().filter(|v| **v).count(), world.messages.len()); }
+        if std::env::var("JR_STATS").is_ok() { eprintln!("STATS creates={} binds={} released={} deleted={} bp={} msgs={}", world.create_calls, world.binds, world.released.len(), world.deleted.len(), world.backpressure_only.values().filter(|v| **v).count(), world.messages.len()); }
+        prop_assert!(world.state.debt() > 0 || world.state.used() <= capacity,
+            "{} slots used with capacity {}", world.state.used(), capacity);
         for workload in &world.deleted {
             let released = world.released.get(workload).map_or(0, |k| k.len());
             prop_assert_eq!(released, 1, "deleted {} was released {} times", workload, released);

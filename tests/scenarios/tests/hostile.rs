@@ -115,6 +115,7 @@ async fn forged_messages_change_nothing_and_secrets_never_reach_nats() -> anyhow
             workload: format!("jr-{victim}-1"),
             token_hash: jr_worker::token_hash("attacker-token"),
             worker_id: "attacker".into(),
+            warm: None,
         }),
     );
     publish(

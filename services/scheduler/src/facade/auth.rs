@@ -139,6 +139,9 @@ pub(crate) enum Authenticated {
     /// publishes the hash before the workload starts), so the caller must not be told it is
     /// unauthenticated: act_runner gives up when its first call is refused.
     Pending,
+    /// A warm executor (its token is the one of its warm identity under a backend's key) that
+    /// is not bound to a current attempt: it waits for a job.
+    Warm { warm: AssignmentId },
 }
 
 /// Failure to authenticate: a definite refusal, or the ledger could not be asked.
@@ -212,6 +215,11 @@ impl<L: Ledger> Facade<L> {
         if spiffe_proven.is_none() && token.is_none() {
             return refuse(AuthRefusal::MissingToken);
         }
+        if let Some(token) = token
+            && let Some(warm) = self.warm_caller(id, token, spiffe_proven.clone()).await?
+        {
+            return Ok(warm);
+        }
 
         let Some(view) = self.ledger.lookup(id).await.map_err(AuthFailure::Ledger)? else {
             // With a token key for every backend the facade needs nothing from the bus to check
@@ -252,6 +260,53 @@ impl<L: Ledger> Facade<L> {
         }
         let executor = spiffe_proven.unwrap_or_else(|| "token".to_owned());
         Ok(Authenticated::Ready { view, executor })
+    }
+
+    /// A warm executor: `token` is the token of attempt 0 of `id` under one backend's key
+    /// (real attempts start at 1, so no job's executor holds such a token). It is the executor
+    /// of the attempt its backend's worker bound it to, while that attempt is current;
+    /// otherwise it waits. `None`: not a warm executor's token.
+    async fn warm_caller(
+        &self,
+        id: AssignmentId,
+        token: &str,
+        spiffe: Option<String>,
+    ) -> Result<Option<Authenticated>, AuthFailure> {
+        let Some(backend) = self.settings.token_keys.iter().find_map(|(backend, key)| {
+            let expected = key.token(id, 0);
+            bool::from(token.as_bytes().ct_eq(expected.as_bytes())).then(|| backend.clone())
+        }) else {
+            return Ok(None);
+        };
+        let waiting = Authenticated::Warm { warm: id };
+        let Some(binding) = self
+            .ledger
+            .warm_binding(&backend, id)
+            .await
+            .map_err(AuthFailure::Ledger)?
+        else {
+            return Ok(Some(waiting));
+        };
+        let Some(view) = self
+            .ledger
+            .lookup(binding.assignment)
+            .await
+            .map_err(AuthFailure::Ledger)?
+        else {
+            return Ok(Some(waiting));
+        };
+        if view.backend != backend {
+            // A binding to another backend's job: never handed out (the other backend may be
+            // trusted with more).
+            tracing::warn!(warm = %id, %backend, assignment = %view.id, job_backend = %view.backend, "warm binding names another backend's assignment; ignored");
+            return Ok(Some(waiting));
+        }
+        if view.id != binding.assignment || view.attempt != binding.attempt {
+            // Superseded (the reconciler replaced the attempt): this executor has no job.
+            return Ok(Some(waiting));
+        }
+        let executor = spiffe.unwrap_or_else(|| format!("warm:{id}"));
+        Ok(Some(Authenticated::Ready { view, executor }))
     }
 }
 

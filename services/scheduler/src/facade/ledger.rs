@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Mutex;
 
+use jr_bus::warm::WarmBinding;
 use jr_protocol::{AssignmentId, BackendName, SealedTask, Terminal, TokenHash};
 
 /// What the facade knows about one assignment (fed from JetStream by the scheduler).
@@ -83,6 +84,14 @@ pub trait Ledger: Send + Sync + 'static {
         &self,
         view: &AssignmentView,
     ) -> impl Future<Output = Result<(), LedgerError>> + Send;
+
+    /// The attempt `backend`'s worker bound warm executor `warm` to, if it did (read from
+    /// that backend's own record, which only its worker may write).
+    fn warm_binding(
+        &self,
+        backend: &BackendName,
+        warm: AssignmentId,
+    ) -> impl Future<Output = Result<Option<WarmBinding>, LedgerError>> + Send;
 }
 
 /// One assignment's record inside [`MemoryLedger`].
@@ -103,6 +112,7 @@ pub struct MemoryRecord {
 #[derive(Debug, Default)]
 pub struct MemoryLedger {
     records: Mutex<HashMap<AssignmentId, MemoryRecord>>,
+    warm: Mutex<HashMap<(BackendName, AssignmentId), WarmBinding>>,
 }
 
 impl MemoryLedger {
@@ -127,6 +137,14 @@ impl MemoryLedger {
         if let Some(record) = self.lock().get_mut(&id) {
             record.view.token_hash = token_hash;
         }
+    }
+
+    /// Records what a worker of `backend` does when it binds warm executor `warm`.
+    pub fn bind_warm(&self, backend: &BackendName, warm: AssignmentId, binding: WarmBinding) {
+        self.warm
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert((backend.clone(), warm), binding);
     }
 
     pub fn record(&self, id: AssignmentId) -> Option<MemoryRecord> {
@@ -191,6 +209,19 @@ impl Ledger for MemoryLedger {
         record.executor_finished += 1;
         Ok(())
     }
+
+    async fn warm_binding(
+        &self,
+        backend: &BackendName,
+        warm: AssignmentId,
+    ) -> Result<Option<WarmBinding>, LedgerError> {
+        Ok(self
+            .warm
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&(backend.clone(), warm))
+            .copied())
+    }
 }
 
 /// A shared ledger (e.g. several facades over one [`MemoryLedger`] in tests).
@@ -223,5 +254,13 @@ impl<T: Ledger> Ledger for std::sync::Arc<T> {
         view: &AssignmentView,
     ) -> impl Future<Output = Result<(), LedgerError>> + Send {
         (**self).publish_executor_finished(view)
+    }
+
+    fn warm_binding(
+        &self,
+        backend: &BackendName,
+        warm: AssignmentId,
+    ) -> impl Future<Output = Result<Option<WarmBinding>, LedgerError>> + Send {
+        (**self).warm_binding(backend, warm)
     }
 }

@@ -140,6 +140,8 @@ pub struct Facade<L: Ledger> {
     /// Client for proxied paths: no redirects followed, no transparent decompression, so the
     /// executor sees the forge's answer byte for byte.
     proxy_http: reqwest::Client,
+    /// Warm executors with a FetchTask held here, woken when their worker binds them.
+    warm_waiters: Mutex<HashMap<AssignmentId, Arc<tokio::sync::Notify>>>,
 }
 
 impl<L: Ledger> std::fmt::Debug for Facade<L> {
@@ -170,7 +172,46 @@ impl<L: Ledger> Facade<L> {
             counters: Counters::default(),
             progress: Mutex::new(HashMap::new()),
             proxy_http,
+            warm_waiters: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// A worker bound warm executor `warm` (its wake-up arrived): a FetchTask held for it
+    /// looks at its binding now. Without a waiter the notice is kept for the next call.
+    pub fn wake_warm(&self, warm: AssignmentId) {
+        let waiter = self
+            .warm_waiters
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&warm)
+            .cloned();
+        if let Some(waiter) = waiter {
+            waiter.notify_one();
+        }
+    }
+
+    /// The wake-up of warm executor `warm`'s held FetchTask.
+    fn warm_wake(&self, warm: AssignmentId) -> Arc<tokio::sync::Notify> {
+        self.warm_waiters
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry(warm)
+            .or_default()
+            .clone()
+    }
+
+    /// Drops `warm`'s wake-up once no call waits on it.
+    fn warm_unwatch(&self, warm: AssignmentId) {
+        let mut waiters = self
+            .warm_waiters
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if waiters
+            .get(&warm)
+            .is_some_and(|w| Arc::strong_count(w) == 1)
+        {
+            waiters.remove(&warm);
+        }
     }
 
     pub fn settings(&self) -> &FacadeSettings {

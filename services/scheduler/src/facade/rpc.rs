@@ -33,6 +33,10 @@ use super::{AssignmentView, Facade, Ledger};
 /// How long a FetchTask for a not-yet-visible assignment is held, and how often it looks again.
 const PENDING_HOLD: std::time::Duration = std::time::Duration::from_secs(3);
 const PENDING_POLL: std::time::Duration = std::time::Duration::from_millis(200);
+/// How long an idle warm executor's FetchTask is held (below act_runner's 5 s fetch timeout),
+/// and how often it is looked at again without a wake-up.
+const WARM_HOLD: std::time::Duration = std::time::Duration::from_secs(4);
+const WARM_POLL: std::time::Duration = std::time::Duration::from_millis(500);
 /// Ping is unauthenticated: its body is tiny.
 const MAX_PING_BODY: usize = 64 * 1024;
 /// `tasks_version` the facade reports; it never takes the fast path, so any non-zero value works.
@@ -160,12 +164,35 @@ async fn runner_service<L: Ledger>(
         other => other,
     };
     // forgejo-runner's one-job mode gives up on its first empty FetchTask: while the
-    // assignment is legitimately not visible yet, hold the call a little instead.
+    // assignment is legitimately not visible yet, hold the call a little instead. A warm
+    // executor's call is held until its worker binds it (woken by the worker's notice) or the
+    // hold ends, so a job reaches it within milliseconds of the binding.
     if method == "FetchTask" {
-        let deadline = std::time::Instant::now() + PENDING_HOLD;
-        while matches!(auth, Ok(Authenticated::Pending)) && std::time::Instant::now() < deadline {
-            tokio::time::sleep(PENDING_POLL).await;
+        let start = std::time::Instant::now();
+        let mut watched = None;
+        loop {
+            let (hold, wake) = match &auth {
+                Ok(Authenticated::Pending) => (PENDING_HOLD, None),
+                Ok(Authenticated::Warm { warm, .. }) => {
+                    watched = Some(*warm);
+                    (WARM_HOLD, Some(f.warm_wake(*warm)))
+                }
+                _ => break,
+            };
+            let Some(left) = (start + hold).checked_duration_since(std::time::Instant::now())
+            else {
+                break;
+            };
+            match wake {
+                Some(wake) => {
+                    let _ = tokio::time::timeout(left.min(WARM_POLL), wake.notified()).await;
+                }
+                None => tokio::time::sleep(left.min(PENDING_POLL)).await,
+            }
             auth = f.authenticate(&caller).await;
+        }
+        if let Some(warm) = watched {
+            f.warm_unwatch(warm);
         }
     }
     if let Ok(Authenticated::Ready { view, .. }) = &auth
@@ -313,6 +340,7 @@ impl<L: Ledger> Facade<L> {
                 bump(&self.counters.fetches_pending);
                 return Ok(no_task);
             }
+            Authenticated::Warm { .. } => return Ok(no_task),
         };
         if view.terminal {
             return Ok(no_task);
@@ -432,6 +460,13 @@ impl<L: Ledger> Facade<L> {
         let view = match auth.map_err(auth_error)? {
             Authenticated::Ready { view, .. } => view,
             Authenticated::Pending => return Err(not_visible_yet()),
+            Authenticated::Warm { .. } => {
+                bump(&self.counters.permission_denied);
+                return Err(RpcError::new(
+                    Code::PermissionDenied,
+                    "this warm executor has no task to report on",
+                ));
+            }
         };
         if task_id != view.forge_task_id {
             bump(&self.counters.permission_denied);

@@ -15,6 +15,18 @@ impl WorkerState {
         _now: Instant,
         fx: &mut Vec<Effect>,
     ) {
+        let idle_warm = self
+            .workloads
+            .get(&workload)
+            .is_some_and(|w| w.is_idle_warm())
+            || self
+                .released
+                .get(&workload)
+                .is_some_and(|(k, _)| k.attempt == 0);
+        if idle_warm {
+            self.refuse_idle_warm_delete(delivery, fx);
+            return;
+        }
         if let Some((released_key, _)) = self.released.get(&workload) {
             // Already gone and released: say so again (same message id, deduplicated).
             fx.push(Effect::Confirm {

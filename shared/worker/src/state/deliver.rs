@@ -33,6 +33,7 @@ impl WorkerState {
         if let Some(ticket) = ticket {
             self.tickets.remove(&ticket);
         }
+        self.last_activity = Some(now);
         let settle = |disposition| Effect::Settle {
             delivery,
             disposition,
@@ -48,11 +49,11 @@ impl WorkerState {
             return;
         }
         let had = verdict == Some(NoCreate::HadWorkload);
-        if let Some((name, stage, phase)) = self
+        if let Some((name, stage, phase, warm)) = self
             .workloads
             .iter()
             .find(|(_, w)| w.key == key)
-            .map(|(name, w)| (name.clone(), w.stage, w.phase))
+            .map(|(name, w)| (name.clone(), w.stage, w.phase, w.warm))
         {
             match stage {
                 Stage::Live => fx.push(Effect::Confirm {
@@ -60,6 +61,7 @@ impl WorkerState {
                     events: vec![Event::Created {
                         key,
                         workload: name,
+                        warm,
                     }],
                 }),
                 Stage::Deleting { .. } => fx.push(settle(Disposition::Ack)),
@@ -93,6 +95,7 @@ impl WorkerState {
                         events: vec![Event::Created {
                             key,
                             workload: name,
+                            warm: None,
                         }],
                     });
                 }
@@ -101,6 +104,10 @@ impl WorkerState {
         }
         if verdict.is_some() {
             fx.push(settle(Disposition::Ack));
+            return;
+        }
+        // An idle warm executor takes the job: no create call, no new slot.
+        if self.bind(delivery, key, now, fx) {
             return;
         }
         if let Some(until) = self.paused_until.filter(|until| *until > now) {
@@ -180,6 +187,7 @@ impl WorkerState {
                 let mut events = vec![Event::Created {
                     key,
                     workload: name.clone(),
+                    warm: None,
                 }];
                 match seen.remove(&name) {
                     Some(w) if w.phase == WorkloadPhase::Gone => {

@@ -10,12 +10,15 @@
 //!   already had a workload; at most one create per attempt in flight;
 //! - every delete ends in exactly one `released` for its workload;
 //! - "full" (429, quota) only naks the message and pauses pulling: nothing is published that
-//!   the reconciler could read as a failure, and no attempt is spent.
+//!   the reconciler could read as a failure, and no attempt is spent;
+//! - warm executors (`warm.rs`) hold slots like any workload; only idle ones are ever retired
+//!   by the worker itself, a bound one is a job workload like any other.
 
 mod delete;
 mod deliver;
 mod track;
 mod types;
+mod warm;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Instant;
@@ -24,7 +27,7 @@ use jr_protocol::AssignmentId;
 
 pub use types::{
     AttemptKey, BusFacts, CreateAnswer, DeleteAnswer, DeliveryId, Effect, Event, Input, Stage,
-    StateConfig, TicketId, Workload,
+    StateConfig, TicketId, WarmPolicy, Workload,
 };
 
 /// What the worker has learnt about one assignment.
@@ -64,6 +67,15 @@ pub struct WorkerState {
     assignments: BTreeMap<AssignmentId, Knowledge>,
     listing: bool,
     next_resync: Option<Instant>,
+    /// Warm executors whose create call is in flight (each holds a slot).
+    warm_creating: BTreeSet<AssignmentId>,
+    next_warm: u64,
+    /// No new warm executor before this (after a failed create).
+    warm_retry_at: Option<Instant>,
+    /// Last time the backend was not completely idle (a delivery, a job workload).
+    last_activity: Option<Instant>,
+    /// Assignments bound to warm executors since start.
+    warm_binds: u64,
 }
 
 impl WorkerState {
@@ -81,6 +93,11 @@ impl WorkerState {
             assignments: BTreeMap::new(),
             listing: false,
             next_resync: None,
+            warm_creating: BTreeSet::new(),
+            next_warm: 0,
+            warm_retry_at: None,
+            last_activity: None,
+            warm_binds: 0,
         }
     }
 
@@ -127,15 +144,22 @@ impl WorkerState {
                 self.listing = false;
                 self.next_resync = Some(now + self.cfg.resync_every);
             }
+            Input::WarmCreateAnswered { warm, answer } => {
+                self.warm_create_answered(warm, answer, now, &mut fx)
+            }
+            Input::WarmDeleteAnswered { workload, answer } => {
+                self.warm_delete_answered(workload, answer, now, &mut fx)
+            }
             Input::Tick => self.tick(now, &mut fx),
         }
+        self.maintain_warm(now, &mut fx);
         self.grant(now, &mut fx);
         fx
     }
 
     /// Capacity slots held by workloads and create calls.
     pub fn used(&self) -> usize {
-        self.creating.len() + self.workloads.len()
+        self.creating.len() + self.warm_creating.len() + self.workloads.len()
     }
 
     pub fn capacity(&self) -> usize {
@@ -193,12 +217,12 @@ impl WorkerState {
 
     /// Hands out pull tickets while a slot is free, nothing is paused and no debt is left: each
     /// waiting pull in turn gets as many as it asked for and the free slots allow.
+    /// Slots held by idle warm executors are free for pulls (a delivery binds one instead of
+    /// creating), and slots the warm minimum still needs are not.
     fn grant(&mut self, now: Instant, fx: &mut Vec<Effect>) {
         while self.recovered && !self.is_paused(now) {
-            let free = self
-                .cfg
-                .capacity
-                .saturating_sub(self.used() + self.tickets.len());
+            let free = (self.cfg.capacity + self.bindable(now))
+                .saturating_sub(self.used() + self.tickets.len() + self.warm_needed(now));
             if free == 0 {
                 return;
             }

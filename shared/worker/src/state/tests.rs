@@ -463,3 +463,436 @@ fn an_exit_is_held_and_dropped_when_a_delete_overtakes_it() {
     );
     assert_eq!(observations(&s.on(Input::Tick, now + delay * 2)), vec![]);
 }
+
+mod warm {
+    use super::*;
+
+    fn warm_ready(capacity: usize, min: usize, max: usize, now: Instant) -> WorkerState {
+        let mut cfg = StateConfig::new(capacity);
+        cfg.warm = WarmPolicy {
+            min_idle: min,
+            max_idle: max,
+            idle_timeout: Duration::from_secs(300),
+            max_age: Duration::from_secs(3600),
+            seed: 7,
+        };
+        let mut s = WorkerState::new(cfg);
+        s.on(
+            Input::Recovered {
+                listed: vec![],
+                remembered: vec![],
+            },
+            now,
+        );
+        s
+    }
+
+    fn warm_creates(fx: &[Effect]) -> Vec<AssignmentId> {
+        fx.iter()
+            .filter_map(|e| match e {
+                Effect::CreateWarm { warm } => Some(*warm),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn warm_deletes(fx: &[Effect]) -> Vec<String> {
+        fx.iter()
+            .filter_map(|e| match e {
+                Effect::DeleteWarm { workload } => Some(workload.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Starts the warm executors the state asks for and reports them running.
+    fn start(s: &mut WorkerState, ids: &[AssignmentId], now: Instant) -> Vec<String> {
+        ids.iter()
+            .map(|warm| {
+                let name = crate::backend::workload_name(*warm, 0);
+                s.on(
+                    Input::WarmCreateAnswered {
+                        warm: *warm,
+                        answer: CreateAnswer::Created(name.clone()),
+                    },
+                    now,
+                );
+                s.on(
+                    Input::Observed(seen(
+                        AttemptKey::new(*warm, 0),
+                        &name,
+                        WorkloadPhase::Running,
+                    )),
+                    now,
+                );
+                name
+            })
+            .collect()
+    }
+
+    #[test]
+    fn warm_executors_are_kept_at_min_idle_and_hold_slots() {
+        let now = Instant::now();
+        let mut s = warm_ready(4, 2, 2, now);
+        assert_eq!(s.used(), 2, "the two warm creates hold slots");
+        // Tickets: two slots are free, and each idle warm executor can take a delivery.
+        let fx = s.on(Input::PullWanted { max: 32 }, now);
+        let granted: usize = fx
+            .iter()
+            .map(|e| match e {
+                Effect::GrantPull(t) => t.len(),
+                _ => 0,
+            })
+            .sum();
+        assert_eq!(granted, 2, "warm creates in flight are not bindable yet");
+        let mut s = warm_ready(4, 2, 2, now);
+        let fx = s.on(Input::Tick, now);
+        assert!(warm_creates(&fx).is_empty(), "no second round: {fx:?}");
+    }
+
+    #[test]
+    fn a_delivery_is_bound_to_an_idle_warm_executor_without_a_create_and_the_minimum_refilled() {
+        let now = Instant::now();
+        let mut s;
+        // The create asked for at recovery.
+        let first = {
+            let mut cfg = StateConfig::new(3);
+            cfg.warm = WarmPolicy {
+                min_idle: 1,
+                max_idle: 1,
+                idle_timeout: Duration::from_secs(300),
+                max_age: Duration::from_secs(3600),
+                seed: 7,
+            };
+            let mut fresh = WorkerState::new(cfg);
+            let fx = fresh.on(
+                Input::Recovered {
+                    listed: vec![],
+                    remembered: vec![],
+                },
+                now,
+            );
+            s = fresh;
+            warm_creates(&fx)
+        };
+        assert_eq!(first.len(), 1);
+        let names = start(&mut s, &first, now);
+        let job = key(1, 1);
+        let fx = deliver(&mut s, 1, job, BusFacts::default(), now);
+        assert!(
+            !fx.iter().any(|e| matches!(e, Effect::Create { .. })),
+            "bound, not created: {fx:?}"
+        );
+        assert!(fx.contains(&Effect::Confirm {
+            delivery: DeliveryId(1),
+            events: vec![Event::Created {
+                key: job,
+                workload: names[0].clone(),
+                warm: Some(first[0]),
+            }],
+        }));
+        assert!(fx.contains(&Effect::Remember {
+            key: job,
+            workload: names[0].clone()
+        }));
+        assert!(fx.contains(&Effect::Forget {
+            key: AttemptKey::new(first[0], 0),
+            workload: names[0].clone()
+        }));
+        assert_eq!(
+            warm_creates(&fx).len(),
+            1,
+            "the minimum is refilled: {fx:?}"
+        );
+        assert_eq!(s.warm_bound_count(), 1);
+        assert_eq!(s.warm_binds(), 1);
+        // The same attempt delivered again is not bound twice.
+        let fx = deliver(&mut s, 2, job, BusFacts::default(), now);
+        assert_eq!(settled(&fx), Some(Disposition::Ack));
+        assert_eq!(s.warm_binds(), 1);
+        assert_eq!(s.used(), 2);
+    }
+
+    /// Capacity 3, min 1, max 2: one warm executor bound to `key(1, 1)`; also returns the warm
+    /// creates the binding asked for.
+    fn with_bound_job(now: Instant) -> (WorkerState, String, Vec<AssignmentId>) {
+        let mut cfg = StateConfig::new(3);
+        cfg.warm = WarmPolicy {
+            min_idle: 1,
+            max_idle: 2,
+            idle_timeout: Duration::from_secs(300),
+            max_age: Duration::from_secs(3600),
+            seed: 3,
+        };
+        let mut s = WorkerState::new(cfg);
+        let fx = s.on(
+            Input::Recovered {
+                listed: vec![],
+                remembered: vec![],
+            },
+            now,
+        );
+        let ids = warm_creates(&fx);
+        let names = start(&mut s, &ids, now);
+        let fx = deliver(&mut s, 1, key(1, 1), BusFacts::default(), now);
+        (s, names[0].clone(), warm_creates(&fx))
+    }
+
+    #[test]
+    fn a_bound_warm_executor_is_left_to_the_reconcilers_commands() {
+        let now = Instant::now();
+        let (mut s, name, _) = with_bound_job(now);
+        for minutes in [1, 11, 30, 120] {
+            let fx = s.on(Input::Tick, now + Duration::from_secs(60 * minutes));
+            assert!(
+                !warm_deletes(&fx).contains(&name),
+                "bound executor retired after {minutes} min: {fx:?}"
+            );
+        }
+        let later = now + Duration::from_secs(7200);
+        let fx = s.on(
+            Input::DeleteRequested {
+                delivery: DeliveryId(9),
+                key: key(1, 1),
+                workload: name.clone(),
+            },
+            later,
+        );
+        assert!(fx.contains(&Effect::Delete {
+            delivery: DeliveryId(9),
+            key: key(1, 1),
+            workload: name.clone()
+        }));
+        s.on(
+            Input::DeleteAnswered {
+                delivery: DeliveryId(9),
+                key: key(1, 1),
+                workload: name.clone(),
+                answer: DeleteAnswer::Deleted,
+            },
+            later,
+        );
+        let fx = s.on(
+            Input::Observed(seen(key(1, 1), &name, WorkloadPhase::Gone)),
+            later,
+        );
+        assert!(fx.contains(&Effect::Publish(Event::Released {
+            key: key(1, 1),
+            workload: name
+        })));
+    }
+
+    #[test]
+    fn scale_down_to_min_idle_waits_until_the_backend_was_idle_for_the_timeout() {
+        let now = Instant::now();
+        let (mut s, bound, more) = with_bound_job(now);
+        // Busy: the target is max_idle (2), within the two free slots.
+        assert_eq!(more.len(), 2, "refilled up to max_idle");
+        start(&mut s, &more, now);
+        let t = |secs| now + Duration::from_secs(secs);
+        assert!(warm_creates(&s.on(Input::Tick, t(1))).is_empty());
+        assert_eq!(s.warm_idle_count(), 2, "max_idle while busy");
+        assert_eq!(s.used(), 3);
+        // The job runs for 20 minutes: no scale-down while it does.
+        for secs in [60, 400, 1200] {
+            assert!(warm_deletes(&s.on(Input::Tick, t(secs))).is_empty());
+        }
+        // The job ends; idle for less than the timeout keeps both.
+        s.on(
+            Input::Observed(seen(key(1, 1), &bound, WorkloadPhase::Gone)),
+            t(1200),
+        );
+        assert!(warm_deletes(&s.on(Input::Tick, t(1200 + 299))).is_empty());
+        let fx = s.on(Input::Tick, t(1200 + 301));
+        assert_eq!(warm_deletes(&fx).len(), 1, "back to min_idle: {fx:?}");
+        assert_eq!(s.warm_idle_count(), 1);
+    }
+
+    #[test]
+    fn old_and_dead_idle_warm_executors_are_replaced_without_a_word_to_the_reconciler() {
+        let now = Instant::now();
+        let mut cfg = StateConfig::new(2);
+        cfg.warm = WarmPolicy {
+            min_idle: 1,
+            max_idle: 1,
+            idle_timeout: Duration::from_secs(300),
+            max_age: Duration::from_secs(600),
+            seed: 11,
+        };
+        let mut s = WorkerState::new(cfg);
+        let ids = warm_creates(&s.on(
+            Input::Recovered {
+                listed: vec![],
+                remembered: vec![],
+            },
+            now,
+        ));
+        let names = start(&mut s, &ids, now);
+        let fx = s.on(
+            Input::Observed(seen(
+                AttemptKey::new(ids[0], 0),
+                &names[0],
+                WorkloadPhase::Failed,
+            )),
+            now,
+        );
+        assert_eq!(warm_deletes(&fx), names, "a dead idle executor is deleted");
+        assert!(!publishes_failure_or_release(&fx), "{fx:?}");
+        // Its replacement starts at once (a slot is free).
+        let replacement = warm_creates(&fx);
+        let fx = s.on(
+            Input::Observed(seen(
+                AttemptKey::new(ids[0], 0),
+                &names[0],
+                WorkloadPhase::Gone,
+            )),
+            now,
+        );
+        assert!(!publishes_failure_or_release(&fx), "{fx:?}");
+        assert!(fx.contains(&Effect::Forget {
+            key: AttemptKey::new(ids[0], 0),
+            workload: names[0].clone()
+        }));
+        assert_eq!(replacement.len(), 1, "replaced: {fx:?}");
+        assert_ne!(replacement[0], ids[0]);
+        let names = start(&mut s, &replacement, now);
+        // Older than max_age: not bound any more, replaced.
+        let fx = deliver(
+            &mut s,
+            5,
+            key(5, 1),
+            BusFacts::default(),
+            now + Duration::from_secs(601),
+        );
+        assert!(
+            fx.iter().any(|e| matches!(e, Effect::Create { .. })),
+            "{fx:?}"
+        );
+        assert_eq!(warm_deletes(&fx), names);
+    }
+
+    #[test]
+    fn a_restart_adopts_idle_and_bound_warm_executors() {
+        let now = Instant::now();
+        let idle = AssignmentId::for_task("https://warm", 1);
+        let bound = AssignmentId::for_task("https://warm", 2);
+        let (idle_name, bound_name) = (
+            crate::backend::workload_name(idle, 0),
+            crate::backend::workload_name(bound, 0),
+        );
+        let job = key(3, 1);
+        let mut cfg = StateConfig::new(3);
+        cfg.warm = WarmPolicy {
+            min_idle: 1,
+            max_idle: 1,
+            idle_timeout: Duration::from_secs(300),
+            max_age: Duration::from_secs(3600),
+            seed: 5,
+        };
+        let mut s = WorkerState::new(cfg);
+        let fx = s.on(
+            Input::Recovered {
+                listed: vec![
+                    seen(AttemptKey::new(idle, 0), &idle_name, WorkloadPhase::Running),
+                    seen(
+                        AttemptKey::new(bound, 0),
+                        &bound_name,
+                        WorkloadPhase::Running,
+                    ),
+                ],
+                // Stopped between the two ledger writes of the binding.
+                remembered: vec![
+                    (AttemptKey::new(bound, 0), bound_name.clone()),
+                    (job, bound_name.clone()),
+                ],
+            },
+            now,
+        );
+        assert!(
+            warm_creates(&fx).is_empty(),
+            "the adopted idle one counts: {fx:?}"
+        );
+        assert!(fx.contains(&Effect::Remember {
+            key: AttemptKey::new(idle, 0),
+            workload: idle_name.clone()
+        }));
+        assert!(fx.contains(&Effect::Forget {
+            key: AttemptKey::new(bound, 0),
+            workload: bound_name.clone()
+        }));
+        assert!(fx.contains(&Effect::Publish(Event::Created {
+            key: job,
+            workload: bound_name.clone(),
+            warm: Some(bound),
+        })));
+        assert!(
+            !fx.iter().any(
+                |e| matches!(e, Effect::Publish(ev) if event_key(ev) == AttemptKey::new(idle, 0))
+            ),
+            "nothing is published about an idle warm executor: {fx:?}"
+        );
+        assert_eq!((s.warm_idle_count(), s.warm_bound_count()), (1, 1));
+        // The bound job's redelivery is confirmed with the binding, not created again.
+        let fx = deliver(&mut s, 1, job, BusFacts::default(), now);
+        assert!(fx.contains(&Effect::Confirm {
+            delivery: DeliveryId(1),
+            events: vec![Event::Created {
+                key: job,
+                workload: bound_name,
+                warm: Some(bound)
+            }]
+        }));
+        // A delete command naming the idle one is refused.
+        let fx = s.on(
+            Input::DeleteRequested {
+                delivery: DeliveryId(2),
+                key: job,
+                workload: idle_name,
+            },
+            now,
+        );
+        assert!(matches!(settled(&fx), Some(Disposition::Term(_))), "{fx:?}");
+    }
+
+    fn event_key(ev: &Event) -> AttemptKey {
+        match ev {
+            Event::Created { key, .. }
+            | Event::Observed { key, .. }
+            | Event::Released { key, .. } => *key,
+        }
+    }
+
+    #[test]
+    fn warm_creates_never_take_the_slots_of_job_workloads() {
+        let now = Instant::now();
+        let mut cfg = StateConfig::new(2);
+        cfg.warm = WarmPolicy {
+            min_idle: 2,
+            max_idle: 2,
+            idle_timeout: Duration::from_secs(300),
+            max_age: Duration::from_secs(3600),
+            seed: 1,
+        };
+        let mut s = WorkerState::new(cfg);
+        // Two job workloads adopted at start fill the backend.
+        let fx = s.on(
+            Input::Recovered {
+                listed: vec![
+                    seen(key(1, 1), "jr-a-1", WorkloadPhase::Running),
+                    seen(key(2, 1), "jr-b-1", WorkloadPhase::Running),
+                ],
+                remembered: vec![(key(1, 1), "jr-a-1".into()), (key(2, 1), "jr-b-1".into())],
+            },
+            now,
+        );
+        assert!(warm_creates(&fx).is_empty(), "{fx:?}");
+        assert_eq!(s.used(), 2);
+        // One ends: its slot goes to one warm executor, never more than capacity.
+        let fx = s.on(
+            Input::Observed(seen(key(1, 1), "jr-a-1", WorkloadPhase::Gone)),
+            now,
+        );
+        assert_eq!(warm_creates(&fx).len(), 1, "{fx:?}");
+        assert_eq!(s.used(), 2);
+    }
+}

@@ -22,11 +22,39 @@ impl WorkerState {
         }
         self.recovered = true;
         self.next_resync = Some(now + self.cfg.resync_every);
-        let remembered: BTreeMap<String, AttemptKey> =
-            remembered.into_iter().map(|(k, w)| (w, k)).collect();
+        // A warm executor bound just before a stop may be remembered twice (bound attempt and
+        // warm identity): the bound attempt wins.
+        let mut by_name: BTreeMap<String, AttemptKey> = BTreeMap::new();
+        let mut warm_entries: Vec<(AttemptKey, String)> = Vec::new();
+        for (k, w) in remembered {
+            if k.attempt == 0 {
+                warm_entries.push((k, w.clone()));
+            }
+            match by_name.get(&w) {
+                Some(old) if old.attempt > 0 => {}
+                _ => {
+                    by_name.insert(w, k);
+                }
+            }
+        }
+        let remembered = by_name;
+        for (k, w) in warm_entries {
+            if remembered.get(&w).is_some_and(|bound| bound.attempt > 0) {
+                fx.push(Effect::Forget {
+                    key: k,
+                    workload: w,
+                });
+            }
+        }
         let present: BTreeSet<&str> = listed.iter().map(|o| o.workload.as_str()).collect();
         for (workload, key) in &remembered {
-            if !present.contains(workload.as_str()) {
+            if !present.contains(workload.as_str()) && key.attempt == 0 {
+                // An idle warm executor that went while the worker was down: nobody else knew it.
+                fx.push(Effect::Forget {
+                    key: *key,
+                    workload: workload.clone(),
+                });
+            } else if !present.contains(workload.as_str()) {
                 fx.push(Effect::Publish(Event::Observed {
                     key: *key,
                     workload: workload.clone(),
@@ -40,10 +68,35 @@ impl WorkerState {
             if o.phase == WorkloadPhase::Gone {
                 continue;
             }
-            let key = AttemptKey::of(&o);
-            let announced = remembered.contains_key(&o.workload);
+            let listed_key = AttemptKey::of(&o);
+            let remembered_key = remembered.get(&o.workload).copied();
+            if listed_key.attempt == 0 && remembered_key.is_none_or(|k| k.attempt == 0) {
+                // An idle warm executor: adopted as one (remembered if a stop came between
+                // its create and the ledger write).
+                if remembered_key.is_none() {
+                    fx.push(Effect::Remember {
+                        key: listed_key,
+                        workload: o.workload.clone(),
+                    });
+                }
+                self.adopt_idle_warm(o, now);
+                continue;
+            }
+            // A bound warm executor is listed under its warm identity; the ledger names the
+            // attempt it serves.
+            let key = remembered_key.unwrap_or(listed_key);
+            let warm = (listed_key.attempt == 0).then_some(listed_key.assignment);
+            let announced = remembered_key.is_some();
             let stage = if announced {
                 self.had_workload(key, now);
+                if warm.is_some() {
+                    // The binding may not have been recorded before the stop.
+                    fx.push(Effect::Publish(Event::Created {
+                        key,
+                        workload: o.workload.clone(),
+                        warm,
+                    }));
+                }
                 fx.push(Effect::Publish(Event::Observed {
                     key,
                     workload: o.workload.clone(),
@@ -56,10 +109,9 @@ impl WorkerState {
                     announce_at: now + self.cfg.stray_grace,
                 }
             };
-            self.workloads.insert(
-                o.workload,
-                Workload::new(key, o.phase, o.reason, stage, now),
-            );
+            let mut w = Workload::new(key, o.phase, o.reason, stage, now);
+            w.warm = warm;
+            self.workloads.insert(o.workload, w);
         }
     }
 
@@ -99,6 +151,19 @@ impl WorkerState {
         if o.phase == WorkloadPhase::Gone {
             return;
         }
+        if key.attempt == 0 {
+            // A warm executor of ours that is not tracked: one being created right now is
+            // tracked when its create answers; any other is adopted (a create whose answer
+            // was lost).
+            if !self.warm_creating.contains(&key.assignment) {
+                fx.push(Effect::Remember {
+                    key,
+                    workload: o.workload.clone(),
+                });
+                self.adopt_idle_warm(o, now);
+            }
+            return;
+        }
         let stage = Stage::Stray {
             announce_at: now + self.cfg.stray_grace,
         };
@@ -106,6 +171,14 @@ impl WorkerState {
             o.workload,
             Workload::new(key, o.phase, o.reason, stage, now),
         );
+    }
+
+    /// Tracks `o` as an idle warm executor (live, as listed).
+    fn adopt_idle_warm(&mut self, o: ObservedWorkload, now: Instant) {
+        let key = AttemptKey::of(&o);
+        let mut w = Workload::new(key, o.phase, o.reason, Stage::Live, now);
+        w.warm = Some(key.assignment);
+        self.workloads.insert(o.workload, w);
     }
 
     pub(super) fn listed(
@@ -151,6 +224,15 @@ impl WorkerState {
         if w.is_announced() {
             // `released` says it is gone; a separate `gone` observation would only repeat it.
             self.release(w.key, name.to_owned(), now, fx);
+        } else if w.is_idle_warm() {
+            // Nobody else knew it: only the ledger entry goes. Remembered as gone so a late
+            // observation does not bring it back.
+            self.released
+                .insert(name.to_owned(), (w.key, now + self.cfg.memory));
+            fx.push(Effect::Forget {
+                key: w.key,
+                workload: name.to_owned(),
+            });
         }
     }
 
@@ -176,6 +258,7 @@ impl WorkerState {
         for (name, w) in self.workloads.iter_mut() {
             if let Stage::Stray { announce_at } = w.stage
                 && announce_at <= now
+                && !w.is_idle_warm()
                 && w.phase != WorkloadPhase::Terminating
             {
                 // It stayed: a real workload of ours the reconciler must know about.

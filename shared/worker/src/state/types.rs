@@ -131,6 +131,16 @@ pub enum Input {
         listed: Vec<ObservedWorkload>,
     },
     ListFailed,
+    /// The backend's answer to creating warm executor `warm`.
+    WarmCreateAnswered {
+        warm: AssignmentId,
+        answer: CreateAnswer,
+    },
+    /// The backend's answer to deleting an idle warm executor.
+    WarmDeleteAnswered {
+        workload: String,
+        answer: DeleteAnswer,
+    },
     /// Time passed.
     Tick,
 }
@@ -141,6 +151,9 @@ pub enum Event {
     Created {
         key: AttemptKey,
         workload: String,
+        /// The warm identity of a warm executor bound to this attempt. The driver records the
+        /// binding where the facade reads it before it publishes the event.
+        warm: Option<AssignmentId>,
     },
     Observed {
         key: AttemptKey,
@@ -164,6 +177,15 @@ pub enum Effect {
     Create {
         delivery: DeliveryId,
         key: AttemptKey,
+    },
+    /// Create warm executor `warm` (attempt 0 of the warm identity); answer with
+    /// [`Input::WarmCreateAnswered`].
+    CreateWarm {
+        warm: AssignmentId,
+    },
+    /// Delete an idle warm executor; answer with [`Input::WarmDeleteAnswered`].
+    DeleteWarm {
+        workload: String,
     },
     /// Call the backend's delete; answer with [`Input::DeleteAnswered`].
     Delete {
@@ -225,6 +247,11 @@ pub struct Workload {
     pub reported: (WorkloadPhase, Option<String>),
     /// When a held report of its exit is due (see [`StateConfig::exit_report_delay`]).
     pub report_at: Option<Instant>,
+    /// A warm executor's warm identity: `key` is `(warm, 0)` while it is idle and the bound
+    /// attempt afterwards.
+    pub warm: Option<AssignmentId>,
+    /// An idle warm executor being retired: when the delete call is (re)issued.
+    pub retire_at: Option<Instant>,
 }
 
 impl Workload {
@@ -245,15 +272,38 @@ impl Workload {
             since: now,
             updated: now,
             report_at: None,
+            warm: None,
+            retire_at: None,
         }
     }
 
+    /// Whether the reconciler knows it: announced job workloads (an idle warm executor is
+    /// the worker's own business until it is bound).
     pub fn is_announced(&self) -> bool {
         match self.stage {
             Stage::Stray { .. } => false,
-            Stage::Live | Stage::Deleting { .. } => true,
+            Stage::Live | Stage::Deleting { .. } => !self.is_idle_warm(),
         }
     }
+
+    /// A warm executor not bound to a job (its key is attempt 0 of its warm identity; real
+    /// attempts start at 1).
+    pub fn is_idle_warm(&self) -> bool {
+        self.key.attempt == 0
+    }
+}
+
+/// Warm executors of the backend (`[backend.<name>.warm]`); all zero: none.
+#[derive(Clone, Debug, Default)]
+pub struct WarmPolicy {
+    pub min_idle: usize,
+    pub max_idle: usize,
+    /// Back to `min_idle` after the backend was completely idle this long.
+    pub idle_timeout: Duration,
+    /// Idle warm executors older than this are replaced and no longer bound.
+    pub max_age: Duration,
+    /// Mixed into the warm identities this state makes (random per process).
+    pub seed: u64,
 }
 
 /// Tunables of the state machine.
@@ -275,6 +325,7 @@ pub struct StateConfig {
     /// follows within moments: an exit that a delete overtakes tells nobody anything, so in
     /// the usual case nothing is published for it and `released` is the only word.
     pub exit_report_delay: Duration,
+    pub warm: WarmPolicy,
 }
 
 impl StateConfig {
@@ -287,6 +338,7 @@ impl StateConfig {
             busy_retry: Duration::from_secs(1),
             transient_retry: Duration::from_secs(5),
             exit_report_delay: Duration::from_secs(2),
+            warm: WarmPolicy::default(),
         }
     }
 }
