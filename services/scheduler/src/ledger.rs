@@ -45,7 +45,7 @@ pub struct JetStreamLedger {
     /// Open `JR_WARM_<backend>` buckets, and the bindings read from them (a warm executor is
     /// bound once, so a binding never changes).
     warm_buckets: tokio::sync::Mutex<HashMap<BackendName, kv::Store>>,
-    warm_bound: Mutex<HashMap<AssignmentId, WarmBinding>>,
+    warm_bound: Mutex<HashMap<(BackendName, AssignmentId), WarmBinding>>,
 }
 
 impl JetStreamLedger {
@@ -315,7 +315,7 @@ impl Ledger for JetStreamLedger {
             .warm_bound
             .lock()
             .ok()
-            .and_then(|m| m.get(&warm).copied());
+            .and_then(|m| m.get(&(backend.clone(), warm)).copied());
         if cached.is_some() {
             return Ok(cached);
         }
@@ -355,7 +355,7 @@ impl Ledger for JetStreamLedger {
             if bound.len() > 100_000 {
                 bound.clear();
             }
-            bound.insert(warm, binding);
+            bound.insert((backend.clone(), warm), binding);
         }
         Ok(Some(binding))
     }

@@ -79,6 +79,9 @@ pub struct SystemSpec {
     /// Executors then reach the two facades through a harness TCP proxy on `ports.facade`, as
     /// through a Kubernetes Service: each connection goes to the next replica that accepts it.
     pub standbys: bool,
+    /// `[backend.<name>.warm] min_idle` of both backends (0: no warm executors). The end
+    /// invariants then expect exactly this many idle warm executors per backend and nothing else.
+    pub warm_idle: usize,
 }
 
 impl Default for SystemSpec {
@@ -110,6 +113,7 @@ impl Default for SystemSpec {
             executor_poll: Duration::from_millis(100),
             shared_registration: false,
             standbys: false,
+            warm_idle: 0,
         }
     }
 }
@@ -198,7 +202,10 @@ fn executor_config(env: &BTreeMap<String, String>, poll: Duration) -> Option<Exe
         env.get("JETRUNNER_RUNNER_TOKEN")?.clone(),
     );
     cfg.poll_interval = poll;
-    cfg.give_up_after = Duration::from_secs(60);
+    // act_runner polls until its task comes; a warm executor may wait for minutes. A sandbox
+    // whose executor gave up keeps running (as OpenSandbox reports it), so the stand-in
+    // waits long.
+    cfg.give_up_after = Duration::from_secs(600);
     Some(cfg)
 }
 
@@ -324,7 +331,16 @@ impl System {
             &sandbox.base_url(),
             &dir.path().join("runner.json").display().to_string(),
         );
-        let text = text + &spec.extra_toml + &service_users_toml(&nats_users, &backends);
+        let warm = if spec.warm_idle > 0 {
+            format!(
+                "\n[backend.pod.warm]\nmin_idle = {n}\n\n[backend.vm.warm]\nmin_idle = {n}\n",
+                n = spec.warm_idle
+            )
+        } else {
+            String::new()
+        };
+        let text =
+            text + &spec.extra_toml + &warm + &service_users_toml(&nats_users, &backends);
         std::fs::write(&config_path, text)?;
         let args = vec!["--config".to_owned(), config_path.display().to_string()];
         let svc = |name: &str, port| -> anyhow::Result<ServiceProcess> {
@@ -648,20 +664,50 @@ impl System {
         self.dir.path().join("jetrunner.toml")
     }
 
+    /// With warm executors: until only the `warm_idle` idle warm executors of each backend
+    /// are left (running, none terminating).
     pub async fn wait_no_workloads(&self, timeout: Duration) -> anyhow::Result<()> {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
-            let pods = self.kube.records().live;
-            let sandboxes = self.sandbox.sandboxes().len();
-            if pods == 0 && sandboxes == 0 {
+            let left = self.workloads_left();
+            if left.pods == 0
+                && left.sandboxes == 0
+                && left.warm_pods == self.spec.warm_idle
+                && left.warm_sandboxes == self.spec.warm_idle
+            {
                 return Ok(());
             }
             if tokio::time::Instant::now() > deadline {
-                anyhow::bail!(
-                    "{pods} Pods and {sandboxes} sandboxes still exist after {timeout:?}"
-                );
+                anyhow::bail!("after {timeout:?}: {left:?} (warm executors wanted: {} per backend)", self.spec.warm_idle);
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// What exists on the fake backends now: job workloads, and running idle warm executors
+    /// (attempt 0 of a warm id; a terminating or exited one counts as a job workload left).
+    pub fn workloads_left(&self) -> WorkloadsLeft {
+        let pods = self.kube.pods(JOBS_NAMESPACE);
+        let warm_pod = |p: &serde_json::Value| {
+            p["metadata"]["name"].as_str().is_some_and(|n| n.ends_with("-0"))
+                && p["metadata"]["deletionTimestamp"].is_null()
+                && p["status"]["phase"].as_str() == Some("Running")
+        };
+        let warm_pods = pods.iter().filter(|p| warm_pod(p)).count();
+        let sandboxes = self.sandbox.sandboxes();
+        let warm_sandboxes = sandboxes
+            .iter()
+            .filter(|s| {
+                sandbox_meta(&s.metadata, "attempt").as_deref() == Some("0")
+                    && s.state == jr_fake_sandbox::SandboxState::Running
+            })
+            .count();
+        WorkloadsLeft {
+            pods: self.kube.records().live - warm_pods,
+            warm_pods,
+            sandboxes: sandboxes.len() - warm_sandboxes,
+            warm_sandboxes,
+            secrets: self.kube.records().secrets,
         }
     }
 
@@ -701,11 +747,21 @@ impl System {
                 v.push(format!("Pod {name} created twice"));
             }
         }
-        if kube.live != 0 {
-            v.push(format!("{} Pods left", kube.live));
+        let left = self.workloads_left();
+        if left.pods != 0 {
+            v.push(format!("{} Pods left", left.pods));
         }
-        if kube.secrets != 0 {
-            v.push(format!("{} token Secrets left", kube.secrets));
+        if left.secrets != left.warm_pods {
+            v.push(format!(
+                "{} token Secrets left for {} idle warm Pods",
+                left.secrets, left.warm_pods
+            ));
+        }
+        if left.warm_pods != self.spec.warm_idle || left.warm_sandboxes != self.spec.warm_idle {
+            v.push(format!(
+                "{} warm Pods and {} warm sandboxes idle at the end, min_idle {}",
+                left.warm_pods, left.warm_sandboxes, self.spec.warm_idle
+            ));
         }
         // By the server's own view: every sandbox holding or waiting for a VM.
         if self.sandbox.max_held() > self.spec.vm_capacity {
@@ -725,8 +781,8 @@ impl System {
                 v.push(format!("two sandboxes for assignment attempt {key:?}"));
             }
         }
-        if !self.sandbox.sandboxes().is_empty() {
-            v.push(format!("{} sandboxes left", self.sandbox.sandboxes().len()));
+        if left.sandboxes != 0 {
+            v.push(format!("{} sandboxes left", left.sandboxes));
         }
         v.extend(
             self.nats_permission_violations()
@@ -942,4 +998,14 @@ log_format = "json"
             .map(|d| format!(", create_timeout = \"{}\"", secs(d)))
             .unwrap_or_default(),
     )
+}
+
+/// What a scenario left on the fake backends (see [`System::workloads_left`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WorkloadsLeft {
+    pub pods: usize,
+    pub warm_pods: usize,
+    pub sandboxes: usize,
+    pub warm_sandboxes: usize,
+    pub secrets: usize,
 }

@@ -272,19 +272,35 @@ impl<L: Ledger> Facade<L> {
         token: &str,
         spiffe: Option<String>,
     ) -> Result<Option<Authenticated>, AuthFailure> {
-        let Some(backend) = self.settings.token_keys.iter().find_map(|(backend, key)| {
-            let expected = key.token(id, 0);
-            bool::from(token.as_bytes().ct_eq(expected.as_bytes())).then(|| backend.clone())
-        }) else {
+        // Backends may share a key: every backend whose key made this token is asked, and
+        // only the one whose worker bound this warm id has a record of it.
+        let backends: Vec<&jr_protocol::BackendName> = self
+            .settings
+            .token_keys
+            .iter()
+            .filter(|(_, key)| {
+                let expected = key.token(id, 0);
+                bool::from(token.as_bytes().ct_eq(expected.as_bytes()))
+            })
+            .map(|(backend, _)| backend)
+            .collect();
+        if backends.is_empty() {
             return Ok(None);
-        };
+        }
         let waiting = Authenticated::Warm { warm: id };
-        let Some(binding) = self
-            .ledger
-            .warm_binding(&backend, id)
-            .await
-            .map_err(AuthFailure::Ledger)?
-        else {
+        let mut found = None;
+        for backend in backends {
+            if let Some(binding) = self
+                .ledger
+                .warm_binding(backend, id)
+                .await
+                .map_err(AuthFailure::Ledger)?
+            {
+                found = Some((backend.clone(), binding));
+                break;
+            }
+        }
+        let Some((backend, binding)) = found else {
             return Ok(Some(waiting));
         };
         let Some(view) = self
