@@ -578,6 +578,17 @@ impl<B: Backend> Driver<B> {
                         break;
                     }
                 }
+                if published
+                    && let Some(Event::Created { warm, .. }) = events.first()
+                    && let Some(assignment) = self.assignments.get(&delivery)
+                {
+                    let seconds = now_ms().saturating_sub(assignment.fetched_at) as f64 / 1000.0;
+                    if warm.is_some() {
+                        self.io.metrics.warm_bind_latency.observe(seconds);
+                    } else {
+                        self.io.metrics.dispatch_latency.observe(seconds);
+                    }
+                }
                 let disposition = if published {
                     Disposition::Ack
                 } else {

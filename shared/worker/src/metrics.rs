@@ -34,6 +34,8 @@ pub struct WorkerMetrics {
     pub warm_bound: Gauge,
     /// Assignments bound to a warm executor instead of a create call.
     pub warm_binds: Counter,
+    /// Seconds from the forge fetch to the binding to a warm executor.
+    pub warm_bind_latency: Histogram,
 }
 
 impl Default for WorkerMetrics {
@@ -55,6 +57,9 @@ impl Default for WorkerMetrics {
             warm_idle: Gauge::default(),
             warm_bound: Gauge::default(),
             warm_binds: Counter::default(),
+            warm_bind_latency: Histogram::new([
+                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+            ]),
         }
     }
 }
@@ -131,6 +136,11 @@ impl WorkerMetrics {
             "warm_binds",
             "Assignments bound to a warm executor instead of a create call",
             self.warm_binds.clone(),
+        );
+        r.register(
+            "warm_bind_latency_seconds",
+            "Forge fetch to the binding to a warm executor",
+            self.warm_bind_latency.clone(),
         );
     }
 }

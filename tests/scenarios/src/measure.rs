@@ -227,6 +227,9 @@ pub struct LifecycleLatencies {
     pub fetch_to_created: Vec<f64>,
     /// `workload-created` → `claimed` of the same attempt (workload start + executor claim).
     pub created_to_claimed: Vec<f64>,
+    /// `Assignment.fetched_at` (attempt 1) → `claimed` of attempt 1: how long a job waits from
+    /// the forge to its executor.
+    pub fetch_to_claimed: Vec<f64>,
     /// `workload-created` → `released` of the same attempt: how long a capacity slot was held.
     pub created_to_released: Vec<f64>,
     /// `terminal` → `released` of the terminal's attempt.
@@ -291,6 +294,9 @@ pub fn lifecycle_latencies(assignments: &[Envelope], events: &[Envelope]) -> Lif
         match created.get(&(*id, 1)) {
             Some(c) => out.fetch_to_created.push(diff(*at, *c)),
             None => out.missing_created += 1,
+        }
+        if let Some(c) = claimed.get(&(*id, 1)) {
+            out.fetch_to_claimed.push(diff(*at, *c));
         }
     }
     for (key, at) in &created {

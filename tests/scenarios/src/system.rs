@@ -339,8 +339,7 @@ impl System {
         } else {
             String::new()
         };
-        let text =
-            text + &spec.extra_toml + &warm + &service_users_toml(&nats_users, &backends);
+        let text = text + &spec.extra_toml + &warm + &service_users_toml(&nats_users, &backends);
         std::fs::write(&config_path, text)?;
         let args = vec!["--config".to_owned(), config_path.display().to_string()];
         let svc = |name: &str, port| -> anyhow::Result<ServiceProcess> {
@@ -678,7 +677,10 @@ impl System {
                 return Ok(());
             }
             if tokio::time::Instant::now() > deadline {
-                anyhow::bail!("after {timeout:?}: {left:?} (warm executors wanted: {} per backend)", self.spec.warm_idle);
+                anyhow::bail!(
+                    "after {timeout:?}: {left:?} (warm executors wanted: {} per backend)",
+                    self.spec.warm_idle
+                );
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -689,7 +691,9 @@ impl System {
     pub fn workloads_left(&self) -> WorkloadsLeft {
         let pods = self.kube.pods(JOBS_NAMESPACE);
         let warm_pod = |p: &serde_json::Value| {
-            p["metadata"]["name"].as_str().is_some_and(|n| n.ends_with("-0"))
+            p["metadata"]["name"]
+                .as_str()
+                .is_some_and(|n| n.ends_with("-0"))
                 && p["metadata"]["deletionTimestamp"].is_null()
                 && p["status"]["phase"].as_str() == Some("Running")
         };

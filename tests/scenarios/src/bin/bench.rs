@@ -79,6 +79,13 @@ struct Args {
     /// Print only the memory figure ([7]).
     #[arg(long)]
     inflight_only: bool,
+    /// Warm executors per backend for the warm light-load figure ([8]), against the same light
+    /// load without warm executors; 0 skips it.
+    #[arg(long, default_value = "4")]
+    warm_idle: usize,
+    /// Print only the warm light-load figure ([8]).
+    #[arg(long)]
+    warm_only: bool,
     /// Messages per second published for the projection-lag figure.
     #[arg(long, default_value = "2000")]
     lag_rate: u64,
@@ -218,6 +225,9 @@ async fn main() -> anyhow::Result<()> {
     if args.inflight_only {
         return inflight_memory(&args).await;
     }
+    if args.warm_only {
+        return warm_light_load(&args).await;
+    }
     println!(
         "starting NATS, PostgreSQL, the fakes and the four services (binaries from {})…",
         jr_scenarios::process::bin_dir()?.display()
@@ -288,6 +298,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if args.inflight_jobs > 0 {
         inflight_memory(&args).await?;
+    }
+    if args.warm_idle > 0 {
+        warm_light_load(&args).await?;
     }
     println!(
         "\ntotal benchmark time {:.0} s",
@@ -449,6 +462,72 @@ async fn inflight_memory(args: &Args) -> anyhow::Result<()> {
 }
 
 /// Queues `pod` + `vm` jobs with durations spread evenly over 0..=`job_ms` (six groups).
+/// [8]: light load (one job every 100 ms, alternating pod and vm, 0 ms duration) on a fresh
+/// system without warm executors, then on a fresh system with `warm_idle` per backend: forge
+/// fetch → claimed per backend, read back from the streams.
+async fn warm_light_load(args: &Args) -> anyhow::Result<()> {
+    let jobs = args.light_jobs.max(2);
+    println!(
+        "\n[8] light load with and without warm executors: {jobs} jobs, one every 100 ms, pod and vm alternating, 0 ms duration, Pod start {} ms",
+        args.pod_start_ms
+    );
+    for warm in [0, args.warm_idle] {
+        let system = System::start(SystemSpec {
+            pod_capacity: args.pod_capacity.max(warm + 1),
+            vm_capacity: args.vm_capacity.max(warm + 1),
+            pod_start_delay: Duration::from_millis(args.pod_start_ms),
+            pod_executor_in_process: !args.pod_entrypoint,
+            warm_idle: warm,
+            log_filter: "warn".into(),
+            ..Default::default()
+        })
+        .await?;
+        // Warm executors are started (and polling) before the first job.
+        system.wait_no_workloads(Duration::from_secs(60)).await?;
+        for i in 0..jobs {
+            let label = if i % 2 == 0 { "pod" } else { "vm" };
+            system.enqueue(label, 1, &[("JR_FAKE_DURATION_MS", "0")]);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        system.wait_all_final(Duration::from_secs(120)).await?;
+        system.wait_no_workloads(Duration::from_secs(60)).await?;
+        let js = jetstream::new(async_nats::connect(system.nats.url()).await?);
+        let (assignments, _) = measure::read_stream(&js, STREAM_ASSIGNMENTS).await?;
+        let (events, _) = measure::read_stream(&js, STREAM_EVENTS).await?;
+        let bound = events
+            .iter()
+            .filter(|s| {
+                matches!(&s.envelope.message, jr_protocol::Message::WorkloadCreated(c) if c.warm.is_some())
+            })
+            .count();
+        println!(
+            "  {} ({bound} of {jobs} jobs bound to a warm executor):",
+            if warm == 0 {
+                "without warm executors".to_owned()
+            } else {
+                format!("with min_idle = {warm} per backend")
+            }
+        );
+        for backend in ["pod", "vm"] {
+            let of = |v: &[measure::Stored]| {
+                v.iter()
+                    .filter(|s| s.subject.split('.').nth(2) == Some(backend))
+                    .map(|s| s.envelope.clone())
+                    .collect::<Vec<Envelope>>()
+            };
+            let l = measure::lifecycle_latencies(&of(&assignments), &of(&events));
+            summary_line(
+                &format!("    {backend}: forge fetch → claimed"),
+                Summary::of(l.fetch_to_claimed.iter().copied()),
+                "ms",
+            );
+        }
+        let violations = system.violations();
+        print_invariants(&violations);
+    }
+    Ok(())
+}
+
 fn enqueue_spread(system: &System, pod: u32, vm: u32, job_ms: u64) {
     const GROUPS: u32 = 6;
     let share = |n: u32, k: u32| n / GROUPS + u32::from(k < n % GROUPS);
