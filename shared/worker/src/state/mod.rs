@@ -104,6 +104,13 @@ impl WorkerState {
     /// Handles one input at `now`; returns the effects to perform, in order.
     pub fn on(&mut self, input: Input, now: Instant) -> Vec<Effect> {
         let mut fx = Vec::new();
+        // Without warm executors configured, only a few inputs can leave idle ones behind
+        // (adopted from an earlier configuration): look for them then, not after every input.
+        let warm_scan = self.warm_on()
+            || matches!(
+                input,
+                Input::Tick | Input::Recovered { .. } | Input::Listed { .. }
+            );
         match input {
             Input::Recovered { listed, remembered } => {
                 self.recovered(listed, remembered, now, &mut fx)
@@ -152,7 +159,9 @@ impl WorkerState {
             }
             Input::Tick => self.tick(now, &mut fx),
         }
-        self.maintain_warm(now, &mut fx);
+        if warm_scan {
+            self.maintain_warm(now, &mut fx);
+        }
         self.grant(now, &mut fx);
         fx
     }
@@ -220,9 +229,14 @@ impl WorkerState {
     /// Slots held by idle warm executors are free for pulls (a delivery binds one instead of
     /// creating), and slots the warm minimum still needs are not.
     fn grant(&mut self, now: Instant, fx: &mut Vec<Effect>) {
+        let (bindable, needed) = if self.warm_on() {
+            (self.bindable(now), self.warm_needed(now))
+        } else {
+            (0, 0)
+        };
         while self.recovered && !self.is_paused(now) {
-            let free = (self.cfg.capacity + self.bindable(now))
-                .saturating_sub(self.used() + self.tickets.len() + self.warm_needed(now));
+            let free = (self.cfg.capacity + bindable)
+                .saturating_sub(self.used() + self.tickets.len() + needed);
             if free == 0 {
                 return;
             }

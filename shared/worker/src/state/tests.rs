@@ -854,6 +854,27 @@ mod warm {
         assert!(matches!(settled(&fx), Some(Disposition::Term(_))), "{fx:?}");
     }
 
+    #[test]
+    fn idle_warm_executors_left_from_an_earlier_configuration_are_retired() {
+        let now = Instant::now();
+        let warm = AssignmentId::for_task("https://warm", 9);
+        let name = crate::backend::workload_name(warm, 0);
+        // No warm executors configured any more.
+        let mut s = WorkerState::new(StateConfig::new(2));
+        let fx = s.on(
+            Input::Recovered {
+                listed: vec![seen(AttemptKey::new(warm, 0), &name, WorkloadPhase::Running)],
+                remembered: vec![(AttemptKey::new(warm, 0), name.clone())],
+            },
+            now,
+        );
+        assert_eq!(warm_deletes(&fx), vec![name.clone()], "{fx:?}");
+        assert!(warm_creates(&fx).is_empty());
+        // A delivery in the meantime is created, not bound to it.
+        let fx = deliver(&mut s, 1, key(1, 1), BusFacts::default(), now);
+        assert!(fx.iter().any(|e| matches!(e, Effect::Create { .. })), "{fx:?}");
+    }
+
     fn event_key(ev: &Event) -> AttemptKey {
         match ev {
             Event::Created { key, .. }

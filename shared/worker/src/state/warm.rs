@@ -34,6 +34,11 @@ const WARM_REFUSED_RETRY: Duration = Duration::from_secs(60);
 const RETIRE_AGAIN: Duration = Duration::from_secs(30);
 
 impl WorkerState {
+    /// Whether the backend keeps warm executors at all.
+    pub(super) fn warm_on(&self) -> bool {
+        self.cfg.warm.max_idle > 0
+    }
+
     /// Idle warm executors a delivery could be bound to now.
     pub(super) fn bindable(&self, now: Instant) -> usize {
         self.workloads
@@ -105,6 +110,9 @@ impl WorkerState {
         now: Instant,
         fx: &mut Vec<Effect>,
     ) -> bool {
+        if !self.warm_on() {
+            return false;
+        }
         // A running one first (its executor is already polling), the oldest first.
         let pick = self
             .workloads
