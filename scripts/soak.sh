@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Long runs kept out of CI: chaos with several fresh seeds, the issue-sized worker scenarios
-# (500 jobs), 50 scheduler kills between the forge's reply and the PubAck, and the worker's
+# (500 jobs), 50 scheduler kills between the forge's reply and the PubAck, repeated warm-executor
+# runs under kills, and the worker's
 # property tests at 10,000 cases per property. Every seed used is printed, so a failure replays
 # with JR_CHAOS_SEED=<seed>.
 #
@@ -21,4 +22,9 @@ JR_PACING_CRASHES=50 cargo test -p jr-scenarios --test pacing forgejo -- --test-
 cargo test -p jr-scenarios --test workers -- --ignored --test-threads=1
 for _ in $(seq "${SOAK_SEEDS:-5}"); do
   JR_CHAOS_SEED=random cargo test -p jr-scenarios --test chaos -- --test-threads=1 --nocapture
+done
+# Warm executors while every service is killed in turn: the kills land at different moments of
+# the binding each run.
+for _ in $(seq "${SOAK_WARM_RUNS:-10}"); do
+  cargo test -p jr-scenarios --test warm -- --test-threads=1 --nocapture
 done
