@@ -863,7 +863,11 @@ mod warm {
         let mut s = WorkerState::new(StateConfig::new(2));
         let fx = s.on(
             Input::Recovered {
-                listed: vec![seen(AttemptKey::new(warm, 0), &name, WorkloadPhase::Running)],
+                listed: vec![seen(
+                    AttemptKey::new(warm, 0),
+                    &name,
+                    WorkloadPhase::Running,
+                )],
                 remembered: vec![(AttemptKey::new(warm, 0), name.clone())],
             },
             now,
@@ -872,7 +876,10 @@ mod warm {
         assert!(warm_creates(&fx).is_empty());
         // A delivery in the meantime is created, not bound to it.
         let fx = deliver(&mut s, 1, key(1, 1), BusFacts::default(), now);
-        assert!(fx.iter().any(|e| matches!(e, Effect::Create { .. })), "{fx:?}");
+        assert!(
+            fx.iter().any(|e| matches!(e, Effect::Create { .. })),
+            "{fx:?}"
+        );
     }
 
     fn event_key(ev: &Event) -> AttemptKey {
