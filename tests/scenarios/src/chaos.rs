@@ -650,6 +650,18 @@ pub struct ZombieReport {
 /// is a task jetrunner lost or forgot to keep alive. A task cancelled at the forge (a chaos
 /// fault) while in that window ends cancelled instead of failed, with no assignment either: it
 /// is held to the same test; a cancelled task with an assignment is ordinary.
+/// The forge task ids whose assignment reached the projection (was durable), for
+/// [`fetch_window_losses`].
+pub async fn published_tasks(database_url: &str) -> anyhow::Result<std::collections::HashSet<i64>> {
+    Ok(jr_store::Store::connect(database_url)
+        .await?
+        .records()
+        .await?
+        .iter()
+        .filter_map(|r| r.info.as_ref().map(|i| i.forge_task_id))
+        .collect())
+}
+
 pub fn fetch_window_losses(
     forge: &jr_fake_forge::Snapshot,
     scheduler_kills: &[SystemTime],

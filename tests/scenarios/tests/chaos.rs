@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use jr_fake_kube::{Fault, FaultRule, PodSelector};
 use jr_scenarios::chaos::{
-    Action, Chaos, ChaosConfig, SERVICES, diagnose, fetch_window_losses, keep_logs, seed_from_env,
+    Action, Chaos, ChaosConfig, SERVICES, diagnose, fetch_window_losses, keep_logs,
+    published_tasks, seed_from_env,
 };
 use jr_scenarios::consistency::{check_projection, wait_projection_settled};
 use jr_scenarios::{System, SystemSpec};
@@ -149,13 +150,7 @@ async fn mixed_run_under_chaos_keeps_every_invariant() -> anyhow::Result<()> {
     }
     let snapshot = system.forge.snapshot();
     assert_eq!(snapshot.jobs.len(), JOBS as usize);
-    let published: std::collections::HashSet<i64> = Store::connect(&system.database_url)
-        .await?
-        .records()
-        .await?
-        .iter()
-        .filter_map(|r| r.info.as_ref().map(|i| i.forge_task_id))
-        .collect();
+    let published = published_tasks(&system.database_url).await?;
     let zombies = fetch_window_losses(&snapshot, chaos.scheduler_kills(), &published);
     println!(
         "tasks lost in the Gitea fetch window (failed by the forge's reaper or cancelled): {:?}",

@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use jr_protocol::{Message, STREAM_EVENTS};
-use jr_scenarios::chaos::{diagnose, fetch_window_losses, keep_logs};
+use jr_scenarios::chaos::{diagnose, fetch_window_losses, keep_logs, published_tasks};
 use jr_scenarios::consistency::{check_projection, read_stream, wait_projection_settled};
 use jr_scenarios::system::Touched;
 use jr_scenarios::{System, SystemSpec};
@@ -112,13 +112,7 @@ async fn warm_executors_take_jobs_while_every_service_is_killed_and_return_to_mi
         "invariants violated: {violations:#?}\n{}",
         system.logs()
     );
-    let published: std::collections::HashSet<i64> = jr_store::Store::connect(&system.database_url)
-        .await?
-        .records()
-        .await?
-        .iter()
-        .filter_map(|r| r.info.as_ref().map(|i| i.forge_task_id))
-        .collect();
+    let published = published_tasks(&system.database_url).await?;
     let zombies = fetch_window_losses(&snapshot, &scheduler_kills, &published);
     assert!(
         zombies.violations.is_empty(),
