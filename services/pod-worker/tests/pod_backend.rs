@@ -720,3 +720,44 @@ async fn a_provider_lists_only_its_own_pods_in_a_shared_namespace() {
     assert_eq!(names(east.list().await.expect("list east")), vec![e]);
     assert_eq!(names(west.list().await.expect("list west")), vec![w]);
 }
+
+/// A token Secret whose Pod was never created (a worker killed between the two calls, or a warm
+/// executor's Pod create that failed: nothing retries that name) is deleted by a listing once
+/// it is older than the grace; Secrets owned by a Pod, of a Pod that exists, younger than the
+/// grace or not of this backend stay.
+#[tokio::test]
+async fn a_listing_deletes_old_token_secrets_whose_pod_was_never_created() {
+    let kube = FakeKube::start(SimConfig::passive())
+        .await
+        .expect("fake kube");
+    let live = backend(&kube).create(&spec(50, "t")).await.expect("create");
+    let labels = json!({
+        "app.kubernetes.io/managed-by": "jetrunner",
+        "jetrunner.dev/backend": "pod"
+    });
+    let orphan = spec(51, "t").name();
+    kube.create_secret(
+        NS,
+        json!({"metadata": {"name": orphan, "labels": labels}, "stringData": {"runner-token": "t"}}),
+    )
+    .expect("orphaned secret");
+    let other = spec(52, "t").name();
+    kube.create_secret(
+        NS,
+        json!({"metadata": {"name": other, "labels": {"app.kubernetes.io/managed-by": "jetrunner", "jetrunner.dev/backend": "vm"}}, "stringData": {"runner-token": "t"}}),
+    )
+    .expect("another backend's secret");
+
+    // Within the grace nothing goes (a create may be between its two calls).
+    backend(&kube).list().await.expect("list");
+    assert!(kube.secret(NS, &orphan).is_some());
+    let swept = backend(&kube).with_orphan_secret_grace(Duration::ZERO);
+    let listed = swept.list().await.expect("list");
+    assert_eq!(listed.len(), 1);
+    assert!(kube.secret(NS, &orphan).is_none(), "orphan deleted");
+    assert!(kube.secret(NS, &live).is_some(), "a Pod's own Secret stays");
+    assert!(
+        kube.secret(NS, &other).is_some(),
+        "another backend's Secret stays"
+    );
+}

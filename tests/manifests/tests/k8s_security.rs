@@ -58,7 +58,7 @@ fn only_the_pod_worker_is_granted_anything_and_only_pods_and_secrets_in_the_jobs
         ),
         (
             "secrets",
-            BTreeSet::from(["get", "create", "delete", "patch"]),
+            BTreeSet::from(["get", "list", "create", "delete", "patch"]),
         ),
     ]);
     // The list above is what the pod-worker's code calls, no more and no less.

@@ -280,7 +280,12 @@ impl System {
         let database_url = pg.url("jetrunner");
         let forge = FakeForge::start(jr_fake_forge::Config {
             registration_token: Some("scenario-registration-token".into()),
-            behaviour: spec.forge_behaviour.clone(),
+            // A Forgejo-flavoured system talks to a forge that is Forgejo (request keys,
+            // several tasks per fetch), whatever else the scenario's behaviour sets.
+            behaviour: jr_fake_forge::Behaviour {
+                forgejo: spec.forge_behaviour.forgejo || spec.forge_flavor == "forgejo",
+                ..spec.forge_behaviour.clone()
+            },
             reap_interval: Some(Duration::from_secs(1)),
             ..Default::default()
         })
@@ -664,13 +669,14 @@ impl System {
     }
 
     /// With warm executors: until only the `warm_idle` idle warm executors of each backend
-    /// are left (running, none terminating).
+    /// are left (running, none terminating), and no token Secret but theirs.
     pub async fn wait_no_workloads(&self, timeout: Duration) -> anyhow::Result<()> {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             let left = self.workloads_left();
             if left.pods == 0
                 && left.sandboxes == 0
+                && left.secrets == left.warm_pods
                 && left.warm_pods == self.spec.warm_idle
                 && left.warm_sandboxes == self.spec.warm_idle
             {

@@ -52,7 +52,13 @@ pub struct PodBackend {
     /// Set when this is one provider of the backend: only its Pods are listed and watched.
     provider: Option<String>,
     tracker: Arc<Mutex<Tracker>>,
+    /// How old a token Secret without an owner and without its Pod must be before a listing
+    /// deletes it.
+    orphan_secret_grace: Duration,
 }
+
+/// A create is long over by then (it creates the Secret, then the Pod, then adopts the Secret).
+const ORPHAN_SECRET_GRACE: Duration = Duration::from_secs(120);
 
 fn lock(tracker: &Mutex<Tracker>) -> MutexGuard<'_, Tracker> {
     // The tracker holds no invariant a panic could break halfway.
@@ -81,6 +87,58 @@ impl PodBackend {
             template,
             provider: None,
             tracker: Arc::default(),
+            orphan_secret_grace: ORPHAN_SECRET_GRACE,
+        }
+    }
+
+    /// How old an orphaned token Secret must be before a listing deletes it (default 120 s).
+    pub fn with_orphan_secret_grace(mut self, grace: Duration) -> Self {
+        self.orphan_secret_grace = grace;
+        self
+    }
+
+    /// Deletes this backend's token Secrets that no Pod owns and whose Pod does not exist,
+    /// once older than the grace: what a worker stopped between creating the Secret and the
+    /// Pod leaves behind, or a failed Pod create that nothing retries under that name (a warm
+    /// executor's identity is never reused). Errors are logged; the listing goes on.
+    async fn sweep_orphan_secrets(&self, pods: &std::collections::BTreeSet<&str>) {
+        let params = ListParams::default().labels(&self.selector());
+        let secrets = match self.secrets.list(&params).await {
+            Ok(list) => list.items,
+            Err(error) => {
+                tracing::warn!(%error, "listing token Secrets failed; orphans are looked for at the next listing");
+                return;
+            }
+        };
+        let now = k8s_openapi::jiff::Timestamp::now().as_millisecond();
+        let grace = i64::try_from(self.orphan_secret_grace.as_millis()).unwrap_or(i64::MAX);
+        for secret in secrets {
+            let Some(name) = secret.metadata.name.as_deref() else {
+                continue;
+            };
+            let owned = secret
+                .metadata
+                .owner_references
+                .as_ref()
+                .is_some_and(|o| !o.is_empty());
+            let old_enough = secret
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .is_some_and(|t| now.saturating_sub(t.0.as_millisecond()) >= grace);
+            if owned || pods.contains(name) || !is_workload_name(name) || !old_enough {
+                continue;
+            }
+            match self.secrets.delete(name, &DeleteParams::background()).await {
+                Ok(_) => tracing::info!(
+                    secret = name,
+                    "deleted a token Secret whose Pod was never created"
+                ),
+                Err(e) if is_code(&e, 404) => {}
+                Err(error) => {
+                    tracing::warn!(secret = name, %error, "deleting an orphaned token Secret failed")
+                }
+            }
         }
     }
 
@@ -444,6 +502,8 @@ impl Backend for PodBackend {
             );
         }
         observed.sort_by(|a, b| a.workload.cmp(&b.workload));
+        let pods = observed.iter().map(|o| o.workload.as_str()).collect();
+        self.sweep_orphan_secrets(&pods).await;
         Ok(observed)
     }
 
