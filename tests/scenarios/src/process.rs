@@ -166,8 +166,25 @@ impl Drop for ServiceProcess {
     }
 }
 
+/// A port for a service to listen on later. Taken below the kernel's ephemeral range
+/// (32768–60999 by default), in sequence from a random start: a port the OS hands out for
+/// `bind(0)` — to the fakes, which start after the ports are chosen — is never one of these,
+/// and two calls in one process never return the same port.
 pub fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+    use std::sync::atomic::{AtomicU16, Ordering};
+    const FIRST: u16 = 20_000;
+    const SPAN: u16 = 12_000;
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    if NEXT.load(Ordering::Relaxed) == 0 {
+        let start = FIRST + rand::random::<u16>() % SPAN;
+        let _ = NEXT.compare_exchange(0, start, Ordering::Relaxed, Ordering::Relaxed);
+    }
+    for _ in 0..SPAN {
+        let candidate = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = FIRST + candidate.wrapping_sub(FIRST) % SPAN;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    anyhow::bail!("no free port between {FIRST} and {}", FIRST + SPAN)
 }
