@@ -189,6 +189,28 @@ impl World {
             .map(|(n, _)| n)
     }
 
+    /// A create (job or warm) may start only while the workloads the worker knows of, its job
+    /// creates that have no workload yet and its warm creates leave a slot free.
+    fn assert_room_for_a_create(&self, what: &str) {
+        let alive_known = self
+            .backend
+            .keys()
+            .filter(|n| self.told.contains(*n))
+            .count();
+        // A create whose attempt already has a workload finds that one (idempotent).
+        let fresh_creates = self
+            .creates
+            .values()
+            .filter(|k| self.alive_told(**k).is_none())
+            .count();
+        let warm = self.warm_creates.len();
+        assert!(
+            alive_known + fresh_creates + warm < self.capacity,
+            "{what} beyond capacity: {alive_known} known workloads, {fresh_creates} creates and {warm} warm creates in flight, capacity {}",
+            self.capacity
+        );
+    }
+
     fn apply(&mut self, effect: Effect) {
         match effect {
             Effect::GrantPull(tickets) => {
@@ -229,44 +251,13 @@ impl World {
                 if let Some(existing) = self.alive_told(key) {
                     panic!("create for {key} while {existing} exists");
                 }
-                let alive_known = self
-                    .backend
-                    .keys()
-                    .filter(|n| self.told.contains(*n))
-                    .count();
-                // A create whose attempt already has a workload finds that one (idempotent).
-                let fresh_creates = self
-                    .creates
-                    .values()
-                    .filter(|k| self.alive_told(**k).is_none())
-                    .count();
-                let warm = self.warm_creates.len();
-                assert!(
-                    alive_known + fresh_creates + warm < self.capacity,
-                    "create beyond capacity: {alive_known} known workloads, {fresh_creates} creates and {warm} warm creates in flight, capacity {}",
-                    self.capacity
-                );
+                self.assert_room_for_a_create("create");
                 assert_eq!(self.state.debt(), 0, "create while in debt");
                 self.creates.insert(delivery, key);
                 self.create_calls += 1;
             }
             Effect::CreateWarm { warm } => {
-                let alive_known = self
-                    .backend
-                    .keys()
-                    .filter(|n| self.told.contains(*n))
-                    .count();
-                let fresh_creates = self
-                    .creates
-                    .values()
-                    .filter(|k| self.alive_told(**k).is_none())
-                    .count();
-                let warm_in_flight = self.warm_creates.len();
-                assert!(
-                    alive_known + fresh_creates + warm_in_flight < self.capacity,
-                    "warm create beyond capacity: {alive_known} known workloads, {fresh_creates} creates and {warm_in_flight} warm creates in flight, capacity {}",
-                    self.capacity
-                );
+                self.assert_room_for_a_create("warm create");
                 assert_eq!(self.state.debt(), 0, "warm create while in debt");
                 assert!(self.warm_creates.insert(warm), "warm id {warm} twice");
             }
