@@ -28,7 +28,7 @@ pub async fn run(p: Process) -> anyhow::Result<()> {
         let mut client_cfg = ClientConfig::new(url, api_key);
         client_cfg.create_timeout = os.create_timeout;
         let client = SandboxClient::new(client_cfg).context("OpenSandbox client")?;
-        let mut vm = VmBackendConfig::new(backend_name.clone(), settings.worker_id.clone());
+        let mut vm = VmBackendConfig::new(backend_name.clone());
         vm.pool = pool;
         vm.provider = provider;
         vm.entrypoint = (!os.entrypoint.is_empty()).then(|| os.entrypoint.clone());

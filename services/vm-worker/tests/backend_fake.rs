@@ -38,7 +38,7 @@ fn backend_with(
     create_timeout: Duration,
     edit: impl FnOnce(&mut VmBackendConfig),
 ) -> VmBackend {
-    let mut config = VmBackendConfig::new(BackendName::new("vm").expect("name"), "vm-worker-1");
+    let mut config = VmBackendConfig::new(BackendName::new("vm").expect("name"));
     config.poll = PollConfig {
         active: Duration::from_millis(30),
         steady: Duration::from_millis(60),
@@ -453,26 +453,41 @@ async fn list_pages_over_more_than_200_sandboxes() {
     for _ in 0..205 {
         ids.push(backend.create(&spec()).await.expect("create"));
     }
-    // Another worker's sandboxes are not ours.
-    let other = backend_with(&fake, Duration::from_secs(10), |c| {
-        c.worker_id = "vm-worker-2".into()
-    });
-    let foreign = other.create(&spec()).await.expect("foreign create");
+    // Another replica's sandbox of the backend is listed too, under its creator's name (the
+    // worker core keeps to the creators it manages and takes over those of stopped replicas).
+    let foreign = backend
+        .create(&WorkloadSpec {
+            worker_id: "vm-worker-2".into(),
+            ..spec()
+        })
+        .await
+        .expect("another replica's create");
 
     let listed = backend.list().await.expect("list");
-    let mut listed_ids: Vec<String> = listed.iter().map(|o| o.workload.clone()).collect();
+    let mut listed_ids: Vec<String> = listed
+        .iter()
+        .filter(|o| o.worker == "vm-worker-1")
+        .map(|o| o.workload.clone())
+        .collect();
     listed_ids.sort();
     ids.sort();
     assert_eq!(listed_ids, ids);
-    assert!(!listed_ids.contains(&foreign));
+    assert_eq!(
+        listed
+            .iter()
+            .filter(|o| o.worker == "vm-worker-2")
+            .map(|o| o.workload.as_str())
+            .collect::<Vec<_>>(),
+        vec![foreign.as_str()]
+    );
     assert!(listed.iter().all(|o| o.phase == WorkloadPhase::Running));
     let requests = fake.list_requests();
     assert!(requests.iter().all(|r| r.page_size <= 200));
     assert!(
         requests.iter().any(|r| r.page == 2
             && r.metadata
-                .contains(&(LABEL_WORKER.to_owned(), "vm-worker-1".to_owned()))),
-        "the second page was requested with the owner filter"
+                .contains(&(LABEL_BACKEND.to_owned(), "vm".to_owned()))),
+        "the second page was requested with the backend filter"
     );
 }
 
@@ -501,19 +516,19 @@ async fn delete_refuses_a_sandbox_without_this_workers_labels() {
         "foreign sandbox was deleted"
     );
 
-    // Another worker's sandbox of the same backend is not ours either.
-    let other = backend_with(&fake, Duration::from_secs(10), |c| {
-        c.worker_id = "vm-worker-2".into()
-    });
-    let theirs = other
-        .create(&spec())
+    // Another replica's sandbox of the same backend may be deleted (a replica takes over
+    // the workloads of one that stopped).
+    let theirs = backend(&fake)
+        .create(&WorkloadSpec {
+            worker_id: "vm-worker-2".into(),
+            ..spec()
+        })
         .await
-        .expect("created by the other worker");
-    let refused = backend(&fake).delete(&theirs).await;
-    assert!(
-        matches!(refused, Err(BackendError::Permanent { .. })),
-        "{refused:?}"
-    );
+        .expect("created by the other replica");
+    backend(&fake)
+        .delete(&theirs)
+        .await
+        .expect("a replica's sandbox of this backend");
 
     // Our own sandbox is deleted.
     let ours = backend(&fake).create(&spec()).await.expect("created");
@@ -584,16 +599,21 @@ fn legacy_list_requests(fake: &FakeSandbox) -> usize {
 async fn sandboxes_with_the_legacy_keys_are_listed_adopted_observed_and_deleted() {
     let fake = FakeSandbox::start(fake_config(3)).await.expect("fake");
     let raw = client(&fake, Duration::from_secs(10));
-    // Left behind by the older worker before the upgrade: one of ours, one of another worker.
+    // Left behind by the older worker before the upgrade: one of ours, one of another backend.
     let spec = spec();
     let old = raw
         .create(&legacy_request(&spec, "vm-worker-1"))
         .await
         .expect("legacy sandbox");
+    let mut other_backend = legacy_request(&self::spec(), "vm-worker-2");
+    other_backend.metadata.insert(
+        jr_protocol::labels::legacy_sandbox::BACKEND.to_owned(),
+        "gpu".to_owned(),
+    );
     let theirs = raw
-        .create(&legacy_request(&self::spec(), "vm-worker-2"))
+        .create(&other_backend)
         .await
-        .expect("another worker's legacy sandbox");
+        .expect("another backend's legacy sandbox");
 
     // After the upgrade, recovery lists it as this attempt's workload.
     let backend = backend(&fake);
@@ -601,13 +621,20 @@ async fn sandboxes_with_the_legacy_keys_are_listed_adopted_observed_and_deleted(
     assert_eq!(
         listed
             .iter()
-            .map(|o| (o.workload.as_str(), o.assignment_id, o.attempt, o.phase))
+            .map(|o| (
+                o.workload.as_str(),
+                o.assignment_id,
+                o.attempt,
+                o.phase,
+                o.worker.as_str()
+            ))
             .collect::<Vec<_>>(),
         vec![(
             old.id.as_str(),
             spec.assignment_id,
             1,
-            WorkloadPhase::Running
+            WorkloadPhase::Running,
+            "vm-worker-1"
         )]
     );
 
@@ -635,7 +662,7 @@ async fn sandboxes_with_the_legacy_keys_are_listed_adopted_observed_and_deleted(
     })
     .await;
 
-    // Another worker's legacy sandbox is still not ours.
+    // Another backend's legacy sandbox is not ours.
     let refused = backend.delete(&theirs.id).await;
     assert!(
         matches!(refused, Err(BackendError::Permanent { .. })),

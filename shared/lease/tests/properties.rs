@@ -2,9 +2,11 @@
 //! writes, and random timing: never two lease holders acting at the same real time, never more
 //! slots in use than capacity.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use jr_lease::{Lease, LeaseStep, Policy, Slots, hold_slots, next_lease_step};
+use jr_lease::{
+    Lease, LeaseStep, Policy, Slots, SlotsRequest, SlotsStep, hold_slots, next_lease_step,
+};
 use proptest::prelude::*;
 
 /// A small deterministic generator for the schedule (the seed comes from proptest).
@@ -200,8 +202,13 @@ proptest! {
         }
     }
 
+    /// Workloads outlive the replica that made them: the model counts them per creator, each
+    /// live replica makes workloads only within slots it may still use and ends only those it
+    /// manages, replicas die (kill -9) and come back as a new process of the same worker id,
+    /// and a replica that finds itself taken over stops. At no moment do the workloads that
+    /// exist exceed capacity.
     #[test]
-    fn replicas_never_use_more_slots_than_capacity(
+    fn workloads_never_exceed_capacity_while_replicas_die_and_take_over(
         seed in 1u64..u64::MAX,
         skews in proptest::collection::vec(-500i64..=500, 3),
         f in faults(),
@@ -210,55 +217,118 @@ proptest! {
         let policy = Policy::new(6_000, 500).expect("policy");
         let mut rng = Rng(seed);
         let mut key: Key<Slots> = Key { value: None, revision: 0 };
-        // Per replica: slots in use and until when (real time) they may be used.
-        let mut using: BTreeMap<usize, (usize, u64)> = BTreeMap::new();
-        // A replica writes its holding one write at a time.
-        let mut in_flight = [false; 3];
+        // Workloads that exist, by creator.
+        let mut work: BTreeMap<String, usize> = BTreeMap::new();
+        let mut replicas: Vec<Replica> = (0..3).map(|r| Replica::new(r, 0)).collect();
         let mut worst = 0usize;
         let local = |replica: usize, t: u64| t.saturating_add_signed(skews[replica]);
         let real = |replica: usize, local_t: u64| local_t.saturating_add_signed(-skews[replica]);
         run(&mut rng, 3, 60_000, |rng, now, event, queue| {
             match event {
-                Event::Tick(replica) => {
-                    if in_flight[replica] || rng.chance(f.read_fails) {
+                Event::Tick(r) => {
+                    let rep = &mut replicas[r];
+                    if !rep.alive {
+                        // Back as a new process of the same worker id.
+                        if rng.chance(30) {
+                            *rep = Replica::new(r, rep.generation + 1);
+                        }
                         return;
                     }
-                    let (record, revision) = key.read().map_or((Slots::default(), None), |(s, r)| (s, Some(r)));
-                    let want = rng.below(capacity as u64 + 3) as usize;
-                    // Giving back: stop using what is returned before writing it.
-                    if let Some(u) = using.get_mut(&replica) {
-                        u.0 = u.0.min(want);
+                    if rng.chance(3) {
+                        rep.alive = false;
+                        return;
                     }
-                    let (next, _) = hold_slots(&record, &format!("r{replica}"), want, capacity, local(replica, now), &policy);
-                    if !rng.chance(f.write_lost) {
-                        in_flight[replica] = true;
-                        let at = now + rng.below(f.max_delay + 1);
-                        let ack = !rng.chance(f.ack_lost);
-                        queue.push((at, 0, Event::Apply { replica, value: next, expected: revision, ack }));
+                    let managed: usize = rep.owns.iter().map(|c| work.get(c).copied().unwrap_or(0)).sum();
+                    // Make or end workloads within what may be used now.
+                    if now < rep.usable_until && rng.chance(50) {
+                        let room = rep.slots.saturating_sub(managed);
+                        let n = rng.below(room as u64 + 1) as usize;
+                        *work.entry(rep.name.clone()).or_default() += n;
+                    } else if let Some(c) = rep.owns.iter().find(|c| work.get(*c).copied().unwrap_or(0) > 0).cloned() {
+                        *work.get_mut(&c).expect("has work") -= 1;
+                    }
+                    if rep.in_flight || rng.chance(f.read_fails) {
+                        return;
+                    }
+                    let managed: usize = rep.owns.iter().map(|c| work.get(c).copied().unwrap_or(0)).sum();
+                    let (record, revision) = key.read().map_or((Slots::default(), None), |(s, v)| (s, Some(v)));
+                    let want = managed.max(rng.below(capacity as u64 + 3) as usize);
+                    // Giving back: stop using what is returned before writing it.
+                    rep.slots = rep.slots.min(want);
+                    let done_with: BTreeSet<String> = rep
+                        .owns
+                        .iter()
+                        .filter(|c| **c != rep.name && work.get(*c).copied().unwrap_or(0) == 0)
+                        .cloned()
+                        .collect();
+                    let req = SlotsRequest {
+                        me: &rep.name,
+                        want,
+                        capacity,
+                        now: local(r, now),
+                        joined: rep.joined,
+                        known: &rep.owns,
+                        done_with: &done_with,
+                    };
+                    match hold_slots(&record, &req, &policy) {
+                        SlotsStep::Lost { .. } => rep.alive = false,
+                        SlotsStep::Write { record, .. } => {
+                            if !rng.chance(f.write_lost) {
+                                rep.in_flight = true;
+                                let at = now + rng.below(f.max_delay + 1);
+                                let ack = !rng.chance(f.ack_lost);
+                                queue.push((at, 0, Event::Apply { replica: r, value: record, expected: revision, ack }));
+                            }
+                        }
                     }
                 }
                 Event::Apply { replica, value, expected, ack } => {
                     if !apply(&mut key, rng, f, now, replica, value, expected, ack, queue) {
-                        // Refused, or its answer lost: the replica gives up on this write.
-                        in_flight[replica] = false;
+                        replicas[replica].in_flight = false;
                     }
                 }
                 Event::Acked { replica, value } => {
-                    in_flight[replica] = false;
-                    match value.held.get(&format!("r{replica}")) {
-                        Some(h) => {
-                            let until = real(replica, h.usable_until(&policy));
-                            using.insert(replica, (h.slots, until));
-                        }
-                        None => {
-                            using.remove(&replica);
-                        }
+                    let rep = &mut replicas[replica];
+                    rep.in_flight = false;
+                    // A write of an earlier process of this replica is not this process's.
+                    if let Some(h) = value.held.get(&rep.name).filter(|_| rep.alive) {
+                        rep.joined = true;
+                        rep.slots = h.slots;
+                        rep.usable_until = real(replica, h.usable_until(&policy));
+                        rep.owns = h.owns.clone();
                     }
                 }
             }
-            let in_use: usize = using.values().filter(|(_, until)| now < *until).map(|(n, _)| n).sum();
-            worst = worst.max(in_use);
+            worst = worst.max(work.values().sum());
         });
-        prop_assert!(worst <= capacity, "{worst} slots in use of {capacity}");
+        prop_assert!(worst <= capacity, "{worst} workloads exist for {capacity} slots");
+    }
+}
+
+/// One replica process in the model.
+struct Replica {
+    name: String,
+    generation: usize,
+    alive: bool,
+    joined: bool,
+    in_flight: bool,
+    slots: usize,
+    /// Real time until which it may make workloads.
+    usable_until: u64,
+    owns: BTreeSet<String>,
+}
+
+impl Replica {
+    fn new(r: usize, generation: usize) -> Self {
+        Self {
+            name: format!("w{r}_{generation}"),
+            generation,
+            alive: true,
+            joined: false,
+            in_flight: false,
+            slots: 0,
+            usable_until: 0,
+            owns: BTreeSet::from([format!("w{r}_{generation}")]),
+        }
     }
 }

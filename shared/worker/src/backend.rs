@@ -71,6 +71,10 @@ pub struct ObservedWorkload {
     pub attempt: u32,
     pub phase: WorkloadPhase,
     pub reason: Option<String>,
+    /// The worker label it carries: the name of the worker process that created it (empty
+    /// when it has none). Replicas of one backend manage only the workloads of creators they
+    /// own.
+    pub worker: String,
 }
 
 #[derive(Debug, thiserror::Error)]

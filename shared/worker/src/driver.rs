@@ -2,7 +2,7 @@
 //! and timers into inputs, performs the effects the state returns (publishes, backend calls,
 //! settling messages, ledger writes) and feeds their outcomes back. It decides nothing itself.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use jr_bus::{Bus, ConsumerSpec, Disposition, Topology};
 use jr_protocol::{
     Assignment, BackendName, Envelope, Kind, Message, Released, TokenHash, WorkloadCreated,
-    WorkloadObserved, WorkloadRequested, msg_id, now_ms, subject,
+    WorkloadObserved, WorkloadPhase, WorkloadRequested, msg_id, now_ms, subject,
 };
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
@@ -19,13 +19,17 @@ use tokio_util::sync::CancellationToken;
 use crate::backend::{Backend, BackendError, ObservedWorkload, WorkloadSpec, workload_name};
 use crate::error::WorkerError;
 use crate::gate::{Outstanding, ToDriver};
-use crate::ledger::Ledger;
+use crate::ledger::{Entry, Ledger};
 use crate::metrics::{ErrorLabels, WorkerMetrics};
+use crate::replicas::{RENEW_EVERY, Renewal, Replica};
 use crate::state::{
     AttemptKey, CreateAnswer, DeleteAnswer, DeliveryId, Effect, Event, Input, StateConfig,
     TicketId, WarmPolicy, WorkerState,
 };
 use crate::token::TokenKey;
+
+/// How soon a `delete-workload` for another replica's workload is offered again.
+const FOREIGN_DELETE_RETRY: Duration = Duration::from_millis(300);
 
 #[derive(Clone, Debug)]
 pub struct WorkerSettings {
@@ -387,11 +391,34 @@ pub(crate) struct Driver<B> {
     replies: HashMap<DeliveryId, oneshot::Sender<Disposition>>,
     assignments: HashMap<DeliveryId, Assignment>,
     ops: JoinSet<Input>,
+    /// This process's part in sharing the backend's capacity with other replicas.
+    pub(crate) replica: Replica,
+    /// Workloads other replicas manage (name → creator, and since when known), so a
+    /// `delete-workload` for one goes back for its owner to take.
+    foreign: HashMap<String, (String, Instant)>,
+    /// Creators taken over, and when (a listing started earlier cannot tell they are done).
+    adopted_at: HashMap<String, Instant>,
+    /// Creators taken over whose workloads are not adopted yet (the listing failed).
+    pending: BTreeSet<String>,
+    /// Creators taken over that a later listing showed without workloads.
+    done_with: BTreeSet<String>,
+    /// Why this process stopped managing anything: its holding was taken over.
+    pub(crate) lost: Option<String>,
+    last_renew_warning: Option<Instant>,
 }
 
 impl<B: Backend> Driver<B> {
-    pub(crate) fn new(io: Io<B>, ledger: Ledger, outstanding: Outstanding) -> Self {
-        let state = WorkerState::new(io.settings.state_config());
+    pub(crate) fn new(
+        io: Io<B>,
+        ledger: Ledger,
+        outstanding: Outstanding,
+        replica: Replica,
+    ) -> Self {
+        // Nothing is filled before the first holding is written.
+        let state = WorkerState::new(StateConfig {
+            capacity: 0,
+            ..io.settings.state_config()
+        });
         Self {
             io,
             state,
@@ -401,6 +428,190 @@ impl<B: Backend> Driver<B> {
             replies: HashMap::new(),
             assignments: HashMap::new(),
             ops: JoinSet::new(),
+            replica,
+            foreign: HashMap::new(),
+            adopted_at: HashMap::new(),
+            pending: BTreeSet::new(),
+            done_with: BTreeSet::new(),
+            lost: None,
+            last_renew_warning: None,
+        }
+    }
+
+    /// Whether this process manages the workloads labelled `creator` now.
+    fn manages(&self, creator: &str) -> bool {
+        self.replica.manages(creator) && !self.pending.contains(creator)
+    }
+
+    /// Keeps what belongs to another replica away from the state machine (and notes it for
+    /// routing deletes); a full listing also tells which taken-over creators are done.
+    fn admit(&mut self, input: Input) -> Option<Input> {
+        match input {
+            // A workload the state tracks stays its own whatever its label (a create may find
+            // the attempt's workload another replica made before it stopped).
+            Input::Observed(o)
+                if !self.manages(&o.worker)
+                    && !self.state.workloads().contains_key(&o.workload) =>
+            {
+                if o.phase == WorkloadPhase::Gone {
+                    self.foreign.remove(&o.workload);
+                } else {
+                    self.foreign
+                        .insert(o.workload.clone(), (o.worker.clone(), Instant::now()));
+                }
+                None
+            }
+            Input::Listed { started, listed } => {
+                let present: BTreeSet<&str> = listed.iter().map(|o| o.worker.as_str()).collect();
+                self.done_with = self
+                    .replica
+                    .adopted()
+                    .filter(|c| {
+                        !present.contains(c.as_str())
+                            && self.adopted_at.get(*c).is_some_and(|at| *at < started)
+                    })
+                    .cloned()
+                    .collect();
+                let (mine, theirs): (Vec<_>, Vec<_>) = listed.into_iter().partition(|o| {
+                    self.manages(&o.worker) || self.state.workloads().contains_key(&o.workload)
+                });
+                let listed_foreign: BTreeSet<&str> =
+                    theirs.iter().map(|o| o.workload.as_str()).collect();
+                // Gone from a listing that started after it was seen: gone.
+                self.foreign.retain(|name, (_, seen)| {
+                    listed_foreign.contains(name.as_str()) || *seen >= started
+                });
+                for o in &theirs {
+                    self.foreign
+                        .entry(o.workload.clone())
+                        .or_insert_with(|| (o.worker.clone(), started));
+                }
+                Some(Input::Listed {
+                    started,
+                    listed: mine,
+                })
+            }
+            other => Some(other),
+        }
+    }
+
+    /// Renews this process's holding of the backend's capacity: gives back what it does not
+    /// need beyond an even share (after it stopped using it), takes over replicas that
+    /// stopped, and lets the state fill what it holds.
+    pub(crate) async fn renew(&mut self) {
+        let in_use = self.state.used() + self.state.reserved();
+        let want = in_use.max(self.replica.share());
+        if want < self.state.capacity() {
+            self.feed(Input::Capacity(want)).await;
+        }
+        match self.replica.renew(want, &self.done_with).await {
+            Renewal::Held { slots, adopted } => {
+                self.last_renew_warning = None;
+                if !adopted.is_empty() {
+                    self.io.metrics.takeovers.inc_by(adopted.len() as u64);
+                    let now = Instant::now();
+                    for c in &adopted {
+                        self.adopted_at.insert(c.clone(), now);
+                    }
+                    self.pending.extend(adopted);
+                }
+                if !self.pending.is_empty() {
+                    self.take_over().await;
+                }
+                // Until taken-over workloads are counted, nothing new is filled.
+                let fill = if self.pending.is_empty() {
+                    slots
+                } else {
+                    slots.min(self.state.used() + self.state.reserved())
+                };
+                self.feed(Input::Capacity(fill)).await;
+                self.io.metrics.slots_held.set(slots as i64);
+                self.io.metrics.replicas.set(self.replica.replicas() as i64);
+            }
+            Renewal::Failed(error) => {
+                let now = Instant::now();
+                if self
+                    .last_renew_warning
+                    .is_none_or(|at| now.duration_since(at) > Duration::from_secs(30))
+                {
+                    tracing::warn!(%error, "cannot renew this replica's share of the capacity");
+                    self.last_renew_warning = Some(now);
+                }
+                if !self.replica.usable() && self.state.capacity() > 0 {
+                    tracing::warn!(
+                        "share of the capacity expired: creating nothing until it is renewed"
+                    );
+                    self.feed(Input::Capacity(0)).await;
+                }
+            }
+            Renewal::Lost { by } => {
+                let by = by.unwrap_or_else(|| "another process".to_owned());
+                tracing::error!(
+                    replica = %self.replica.name,
+                    %by,
+                    "this replica's holding was taken over (it could not renew in time, or another process runs with the same worker_id); stopping"
+                );
+                self.feed(Input::Capacity(0)).await;
+                self.lost = Some(by);
+                self.io.shutdown.cancel();
+            }
+        }
+    }
+
+    /// Adopts the workloads of the creators taken over: what the backend lists of them and
+    /// what their processes remembered. Tried again at the next renewal if it fails.
+    async fn take_over(&mut self) {
+        let listed = match self.io.backend.list().await {
+            Ok(listed) => listed,
+            Err(error) => {
+                tracing::warn!(%error, "listing for a takeover failed; trying again");
+                return;
+            }
+        };
+        let entries = match self.ledger.all().await {
+            Ok(entries) => entries,
+            Err(error) => {
+                tracing::warn!(%error, "reading the ledger for a takeover failed; trying again");
+                return;
+            }
+        };
+        let pending = std::mem::take(&mut self.pending);
+        let bare = jr_lease::stable_name(&self.replica.name).to_owned();
+        let listed: Vec<ObservedWorkload> = listed
+            .into_iter()
+            .filter(|o| pending.contains(&o.worker))
+            .collect();
+        let entries: Vec<Entry> = entries
+            .into_iter()
+            .filter(|e| match &e.owner {
+                Some(owner) => pending.contains(owner),
+                None => pending.contains(&bare),
+            })
+            .collect();
+        tracing::info!(
+            creators = ?pending,
+            listed = listed.len(),
+            remembered = entries.len(),
+            "taking over the workloads of replicas that stopped"
+        );
+        for o in &listed {
+            self.foreign.remove(&o.workload);
+        }
+        self.io.metrics.adopted.inc_by(listed.len() as u64);
+        self.ledger.adopt(&entries);
+        let remembered = entries.into_iter().map(|e| (e.key, e.workload)).collect();
+        self.feed(Input::Adopted { listed, remembered }).await;
+    }
+
+    /// A `delete-workload` for a workload another live replica manages: it goes back to the
+    /// stream for that replica to take (both pull the same commands).
+    fn foreign_delete(&self, input: &Input) -> bool {
+        match input {
+            Input::DeleteRequested { workload, .. } => self
+                .foreign
+                .get(workload)
+                .is_some_and(|(creator, _)| !self.manages(creator)),
+            _ => false,
         }
     }
 
@@ -411,9 +622,12 @@ impl<B: Backend> Driver<B> {
         mut rx: mpsc::UnboundedReceiver<ToDriver>,
         mut observations: mpsc::Receiver<ObservedWorkload>,
         report: impl Fn(bool),
-    ) {
+    ) -> Option<String> {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut renew = tokio::time::interval(RENEW_EVERY);
+        renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        renew.reset();
         let shutdown = self.io.shutdown.clone();
         loop {
             let input = tokio::select! {
@@ -432,12 +646,20 @@ impl<B: Backend> Driver<B> {
                         input
                     }
                     ToDriver::Command { input, reply } => {
+                        if self.foreign_delete(&input) {
+                            let _ = reply.send(Disposition::Nak(Some(FOREIGN_DELETE_RETRY)));
+                            continue;
+                        }
                         if let Input::DeleteRequested { delivery, .. } = &input {
                             self.replies.insert(*delivery, reply);
                         }
                         input
                     }
                 },
+                _ = renew.tick() => {
+                    self.renew().await;
+                    continue;
+                }
                 Some(observed) = observations.recv() => Input::Observed(observed),
                 Some(done) = self.ops.join_next(), if !self.ops.is_empty() => match done {
                     Ok(input) => input,
@@ -467,10 +689,28 @@ impl<B: Backend> Driver<B> {
             report(self.state.is_ready());
         }
         report(false);
+        if self.lost.is_none() {
+            // A clean stop: let the backend calls in flight answer (their outcomes are
+            // published), then hand the holding over so another replica takes over at once.
+            let drain = async {
+                while let Some(done) = self.ops.join_next().await {
+                    if let Ok(input) = done {
+                        self.feed(input).await;
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(Duration::from_secs(5), drain).await;
+            self.feed(Input::Capacity(0)).await;
+            self.replica.release().await;
+        }
+        self.lost
     }
 
     /// Feeds one input and everything its effects produce.
     pub(crate) async fn feed(&mut self, input: Input) {
+        let Some(input) = self.admit(input) else {
+            return;
+        };
         let mut queue = VecDeque::from([input]);
         while let Some(input) = queue.pop_front() {
             let now = Instant::now();

@@ -7,6 +7,12 @@ pub enum WorkerError {
     /// The worker's own ledger (a JetStream key-value bucket) could not be opened or read.
     #[error("ledger {bucket}: {message}")]
     Ledger { bucket: String, message: String },
+    /// Another process took this replica's holding of the capacity over (it could not renew
+    /// in time, or two processes run with one worker_id): it stopped managing anything.
+    #[error(
+        "replica {replica}: holding taken over by {by}; restart it (with a worker_id of its own)"
+    )]
+    Lost { replica: String, by: String },
 }
 
 impl WorkerError {
@@ -15,6 +21,7 @@ impl WorkerError {
         match self {
             WorkerError::Bus(_) => "bus",
             WorkerError::Ledger { .. } => "ledger",
+            WorkerError::Lost { .. } => "lost",
         }
     }
 }

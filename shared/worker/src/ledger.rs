@@ -11,10 +11,24 @@ use jr_protocol::BackendName;
 use crate::error::WorkerError;
 use crate::state::AttemptKey;
 
+/// One remembered workload: the replica that remembered it (`None` for an entry written
+/// before replicas named theirs), its attempt and its name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Entry {
+    pub(crate) owner: Option<String>,
+    pub(crate) key: AttemptKey,
+    pub(crate) workload: String,
+}
+
 #[derive(Clone)]
 pub(crate) struct Ledger {
     bucket: String,
     store: kv::Store,
+    /// This process's replica name: what it remembers goes under it.
+    me: String,
+    /// Who remembered each workload this process manages but did not remember itself
+    /// (adopted from an earlier process or another replica): forgetting uses that key.
+    owners: std::collections::HashMap<String, Option<String>>,
 }
 
 /// `JR_WORKLOADS_<backend>`: the one name the worker's NATS permissions grant.
@@ -22,26 +36,44 @@ pub(crate) fn bucket_name(backend: &BackendName) -> String {
     jr_bus::permissions::worker_bucket(backend)
 }
 
-/// `<assignment>.<attempt>.<workload>`; `None` for a workload name a key cannot carry.
-pub(crate) fn ledger_key(key: AttemptKey, workload: &str) -> Option<String> {
+/// The key of the replicas' shared capacity record in the same bucket.
+pub(crate) const SLOTS_KEY: &str = "slots";
+
+/// `<owner>.<assignment>.<attempt>.<workload>` (`<assignment>.<attempt>.<workload>` without an
+/// owner); `None` for a workload name a key cannot carry.
+pub(crate) fn ledger_key(owner: Option<&str>, key: AttemptKey, workload: &str) -> Option<String> {
     let valid = !workload.is_empty()
         && workload.len() <= 253
         && workload
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'/'));
-    valid.then(|| format!("{}.{}.{workload}", key.assignment, key.attempt))
+    let base = format!("{}.{}.{workload}", key.assignment, key.attempt);
+    valid.then(|| match owner {
+        Some(owner) => format!("{owner}.{base}"),
+        None => base,
+    })
 }
 
-pub(crate) fn parse_ledger_key(text: &str) -> Option<(AttemptKey, String)> {
-    let mut parts = text.splitn(3, '.');
-    let assignment = parts.next()?.parse().ok()?;
-    let attempt = parts.next()?.parse().ok()?;
-    let workload = parts.next()?.to_owned();
-    Some((AttemptKey::new(assignment, attempt), workload))
+pub(crate) fn parse_ledger_key(text: &str) -> Option<Entry> {
+    let parts: Vec<&str> = text.split('.').collect();
+    let (owner, rest) = match parts.len() {
+        3 => (None, &parts[..]),
+        4 => (Some(parts[0].to_owned()), &parts[1..]),
+        _ => return None,
+    };
+    Some(Entry {
+        owner,
+        key: AttemptKey::new(rest[0].parse().ok()?, rest[1].parse().ok()?),
+        workload: rest[2].to_owned(),
+    })
 }
 
 impl Ledger {
-    pub(crate) async fn open(bus: &Bus, backend: &BackendName) -> Result<Self, WorkerError> {
+    pub(crate) async fn open(
+        bus: &Bus,
+        backend: &BackendName,
+        me: &str,
+    ) -> Result<Self, WorkerError> {
         let bucket = bucket_name(backend);
         let error = |message: String| WorkerError::Ledger {
             bucket: bucket.clone(),
@@ -51,17 +83,26 @@ impl Ledger {
             .jetstream()
             .create_or_update_key_value(kv::Config {
                 bucket: bucket.clone(),
-                description: "workloads this worker announced and has not released".into(),
+                description: "workloads the worker replicas announced and have not released, and their shared capacity".into(),
                 history: 1,
                 ..Default::default()
             })
             .await
             .map_err(|e| error(e.to_string()))?;
-        Ok(Self { bucket, store })
+        Ok(Self {
+            bucket,
+            store,
+            me: me.to_owned(),
+            owners: Default::default(),
+        })
     }
 
-    /// Every remembered workload.
-    pub(crate) async fn all(&self) -> Result<Vec<(AttemptKey, String)>, WorkerError> {
+    pub(crate) fn store(&self) -> &kv::Store {
+        &self.store
+    }
+
+    /// Every remembered workload of every replica.
+    pub(crate) async fn all(&self) -> Result<Vec<Entry>, WorkerError> {
         let error = |message: String| WorkerError::Ledger {
             bucket: self.bucket.clone(),
             message,
@@ -70,6 +111,9 @@ impl Ledger {
         let mut out = Vec::new();
         while let Some(key) = keys.next().await {
             let key = key.map_err(|e| error(e.to_string()))?;
+            if key == SLOTS_KEY {
+                continue;
+            }
             match parse_ledger_key(&key) {
                 Some(entry) => out.push(entry),
                 None => tracing::warn!(%key, "ignoring a ledger key that is not a workload"),
@@ -78,8 +122,17 @@ impl Ledger {
         Ok(out)
     }
 
-    pub(crate) async fn remember(&self, key: AttemptKey, workload: &str) {
-        let Some(name) = ledger_key(key, workload) else {
+    /// Takes over entries another process remembered: forgetting them uses their keys.
+    pub(crate) fn adopt(&mut self, entries: &[Entry]) {
+        for e in entries {
+            if e.owner.as_deref() != Some(self.me.as_str()) {
+                self.owners.insert(e.workload.clone(), e.owner.clone());
+            }
+        }
+    }
+
+    pub(crate) async fn remember(&mut self, key: AttemptKey, workload: &str) {
+        let Some(name) = ledger_key(Some(&self.me), key, workload) else {
             tracing::warn!(%workload, "workload name cannot be a ledger key; not remembered");
             return;
         };
@@ -88,12 +141,18 @@ impl Ledger {
         }
     }
 
-    pub(crate) async fn forget(&self, key: AttemptKey, workload: &str) {
-        let Some(name) = ledger_key(key, workload) else {
-            return;
-        };
-        if let Err(error) = self.store.purge(&name).await {
-            tracing::warn!(%name, %error, "could not forget a released workload");
+    pub(crate) async fn forget(&mut self, key: AttemptKey, workload: &str) {
+        let mut owners = vec![Some(self.me.clone())];
+        if let Some(other) = self.owners.remove(workload) {
+            owners.push(other);
+        }
+        for owner in owners {
+            let Some(name) = ledger_key(owner.as_deref(), key, workload) else {
+                return;
+            };
+            if let Err(error) = self.store.purge(&name).await {
+                tracing::warn!(%name, %error, "could not forget a released workload");
+            }
         }
     }
 }
@@ -129,16 +188,23 @@ mod tests {
     #[test]
     fn ledger_keys_round_trip_and_refuse_unsafe_names() {
         let key = AttemptKey::new(AssignmentId::for_task("https://f", 1), 2);
-        let text = ledger_key(key, "jr-abc-2").expect("valid");
-        assert_eq!(parse_ledger_key(&text), Some((key, "jr-abc-2".to_owned())));
-        // A provider's workload reference (`<provider>/<name>`).
-        let text = ledger_key(key, "east/jr-abc-2").expect("valid");
+        let entry = |owner: Option<&str>, workload: &str| Entry {
+            owner: owner.map(str::to_owned),
+            key,
+            workload: workload.to_owned(),
+        };
+        let text = ledger_key(Some("pod-worker_0a1b2c3d"), key, "jr-abc-2").expect("valid");
         assert_eq!(
             parse_ledger_key(&text),
-            Some((key, "east/jr-abc-2".to_owned()))
+            Some(entry(Some("pod-worker_0a1b2c3d"), "jr-abc-2"))
         );
+        // A provider's workload reference (`<provider>/<name>`), and an entry of a worker from
+        // before replicas named theirs.
+        let text = ledger_key(None, key, "east/jr-abc-2").expect("valid");
+        assert_eq!(parse_ledger_key(&text), Some(entry(None, "east/jr-abc-2")));
         for bad in ["", "a.b", "a>", "a*", "a b"] {
-            assert_eq!(ledger_key(key, bad), None, "{bad:?}");
+            assert_eq!(ledger_key(None, key, bad), None, "{bad:?}");
         }
+        assert_eq!(parse_ledger_key(SLOTS_KEY), None);
     }
 }

@@ -12,6 +12,7 @@ mod gate;
 mod ledger;
 pub mod metrics;
 pub mod providers;
+pub mod replicas;
 mod run;
 mod service;
 pub mod state;

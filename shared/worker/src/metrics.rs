@@ -17,6 +17,12 @@ pub struct ErrorLabels {
 pub struct WorkerMetrics {
     pub slots_used: Gauge,
     pub slots_total: Gauge,
+    /// Slots of the backend's capacity this replica holds in the shared record.
+    pub slots_held: Gauge,
+    /// Live replicas of this backend's worker (as this one last read the shared record).
+    pub replicas: Gauge,
+    /// Other replicas' workloads this one took over.
+    pub takeovers: Counter,
     /// Workloads held beyond capacity after adoption; no create happens until it is 0.
     pub debt: Gauge,
     pub created: Counter,
@@ -43,6 +49,9 @@ impl Default for WorkerMetrics {
         Self {
             slots_used: Gauge::default(),
             slots_total: Gauge::default(),
+            slots_held: Gauge::default(),
+            replicas: Gauge::default(),
+            takeovers: Counter::default(),
             debt: Gauge::default(),
             created: Counter::default(),
             create_errors: Family::default(),
@@ -76,6 +85,21 @@ impl WorkerMetrics {
             "slots_total",
             "Capacity of this worker's backend",
             self.slots_total.clone(),
+        );
+        r.register(
+            "slots_held",
+            "Slots of the backend's capacity this replica holds (shared between replicas through KV)",
+            self.slots_held.clone(),
+        );
+        r.register(
+            "replicas",
+            "Live replicas of this backend's worker, from the shared capacity record",
+            self.replicas.clone(),
+        );
+        r.register(
+            "takeovers",
+            "Replicas (stopped or of an earlier process) whose workloads this one took over",
+            self.takeovers.clone(),
         );
         r.register(
             "slot_debt",

@@ -590,6 +590,7 @@ impl<B: Backend> Backend for Providers<B> {
                             attempt: spec.attempt,
                             phase: WorkloadPhase::Pending,
                             reason: None,
+                            worker: spec.worker_id.clone(),
                         },
                         since: Instant::now(),
                     });

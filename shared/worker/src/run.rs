@@ -16,6 +16,7 @@ use crate::error::WorkerError;
 use crate::facts::bus_facts;
 use crate::gate::{Outstanding, TicketGate, ToDriver};
 use crate::ledger::Ledger;
+use crate::replicas::{Renewal, Replica, replica_name};
 use crate::state::{AttemptKey, Input};
 
 /// Most assignments one pull of the assignment consumer asks for: as many as free slots allow
@@ -88,28 +89,73 @@ impl<B: Backend> Worker<B> {
         self.metrics.slots_total.set(self.settings.capacity as i64);
         self.ensure_topology().await?;
         let backend_name = self.settings.backend.clone();
-        let Some(ledger) = until_ok("opening the ledger", &shutdown, || {
-            Ledger::open(&self.bus, &backend_name)
+        // This process's name: workloads it creates carry it, and replicas share capacity
+        // under it.
+        let name = replica_name(&self.settings.worker_id);
+        let mut settings = self.settings.clone();
+        settings.worker_id = name.clone();
+        let Some(mut ledger) = until_ok("opening the ledger", &shutdown, || {
+            Ledger::open(&self.bus, &backend_name, &name)
         })
         .await
         else {
             return Ok(());
         };
+        let mut replica = Replica::new(name.clone(), ledger.store().clone(), settings.capacity);
+        // The first holding: takes over an earlier process of this replica (and any replica
+        // that stopped), whose workloads are recovered below.
+        let mut first = None;
+        while first.is_none() {
+            match replica.renew(0, &Default::default()).await {
+                Renewal::Held { slots, adopted } => first = Some((slots, adopted)),
+                Renewal::Failed(error) => {
+                    tracing::warn!(%error, "writing this replica's first holding failed; retrying");
+                    tokio::select! {
+                        () = shutdown.cancelled() => return Ok(()),
+                        () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    }
+                }
+                Renewal::Lost { by } => {
+                    return Err(WorkerError::Lost {
+                        replica: name,
+                        by: by.unwrap_or_default(),
+                    });
+                }
+            }
+        }
+        let (slots, adopted) = first.unwrap_or_default();
         let Some(listed) = until_ok("listing workloads", &shutdown, || self.backend.list()).await
         else {
             return Ok(());
         };
-        let Some(remembered) = until_ok("reading the ledger", &shutdown, || ledger.all()).await
-        else {
+        let Some(entries) = until_ok("reading the ledger", &shutdown, || ledger.all()).await else {
             return Ok(());
         };
+        let bare = jr_lease::stable_name(&name).to_owned();
+        let listed: Vec<ObservedWorkload> = listed
+            .into_iter()
+            .filter(|o| replica.manages(&o.worker))
+            .collect();
+        let entries: Vec<crate::ledger::Entry> = entries
+            .into_iter()
+            .filter(|e| replica.manages(e.owner.as_deref().unwrap_or(&bare)))
+            .collect();
+        ledger.adopt(&entries);
+        let remembered: Vec<(AttemptKey, String)> =
+            entries.into_iter().map(|e| (e.key, e.workload)).collect();
         tracing::info!(
+            replica = %name,
             listed = listed.len(),
             remembered = remembered.len(),
-            capacity = self.settings.capacity,
+            capacity = settings.capacity,
+            slots,
+            took_over = ?adopted,
             "recovering"
         );
         self.metrics.adopted.inc_by(listed.len() as u64);
+        self.metrics.takeovers.inc_by(adopted.len() as u64);
+        self.metrics.slots_held.set(slots as i64);
+        self.metrics.replicas.set(replica.replicas() as i64);
 
         // Each job's trace, so the events published later continue it.
         let traces = jr_bus::TraceBook::default();
@@ -130,14 +176,15 @@ impl<B: Backend> Worker<B> {
             warm_bindings,
             bus: self.bus.clone(),
             backend: self.backend.clone(),
-            settings: self.settings.clone(),
+            settings,
             metrics: self.metrics.clone(),
             shutdown: shutdown.clone(),
             traces: traces.clone(),
         };
         let outstanding = Outstanding::default();
-        let mut driver = Driver::new(io, ledger, outstanding.clone());
+        let mut driver = Driver::new(io, ledger, outstanding.clone(), replica);
         driver.feed(Input::Recovered { listed, remembered }).await;
+        driver.feed(Input::Capacity(slots)).await;
 
         let (tx, rx) = mpsc::unbounded_channel::<ToDriver>();
         let (obs_tx, obs_rx) = mpsc::channel::<ObservedWorkload>(1024);
@@ -260,13 +307,16 @@ impl<B: Backend> Worker<B> {
         drop(tx);
         let started = Instant::now();
         tracing::debug!(?started, "worker running");
-        driver.run(rx, obs_rx, report).await;
+        let lost = driver.run(rx, obs_rx, report).await;
         shutdown.cancel();
         let joined = tasks.join_all(Duration::from_secs(15)).await;
         if !joined.is_clean() {
             tracing::warn!(failed = ?joined.failed, unfinished = ?joined.unfinished, "worker tasks did not end cleanly");
         }
-        Ok(())
+        match lost {
+            Some(by) => Err(WorkerError::Lost { replica: name, by }),
+            None => Ok(()),
+        }
     }
 }
 

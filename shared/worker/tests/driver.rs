@@ -24,7 +24,7 @@ const WAIT: Duration = Duration::from_secs(20);
 struct Scripted {
     answers: Arc<Mutex<VecDeque<Result<(), BackendError>>>>,
     creates: Arc<Mutex<Vec<(AssignmentId, u32)>>>,
-    live: Arc<Mutex<BTreeMap<String, (AssignmentId, u32)>>>,
+    live: Arc<Mutex<BTreeMap<String, (AssignmentId, u32, String)>>>,
 }
 
 impl Scripted {
@@ -46,10 +46,10 @@ impl Backend for Scripted {
             .pop_front()
             .unwrap_or(Ok(()));
         answer?;
-        self.live
-            .lock()
-            .expect("lock")
-            .insert(spec.name(), (spec.assignment_id, spec.attempt));
+        self.live.lock().expect("lock").insert(
+            spec.name(),
+            (spec.assignment_id, spec.attempt, spec.worker_id.clone()),
+        );
         Ok(spec.name())
     }
 
@@ -64,12 +64,13 @@ impl Backend for Scripted {
             .lock()
             .expect("lock")
             .iter()
-            .map(|(name, (id, attempt))| ObservedWorkload {
+            .map(|(name, (id, attempt, worker))| ObservedWorkload {
                 workload: name.clone(),
                 assignment_id: *id,
                 attempt: *attempt,
                 phase: WorkloadPhase::Running,
                 reason: None,
+                worker: worker.clone(),
             })
             .collect())
     }

@@ -99,6 +99,7 @@ fn observed(name: &str, w: &BackendWorkload) -> ObservedWorkload {
         attempt: w.key.attempt,
         phase: w.phase,
         reason: None,
+        worker: String::new(),
     }
 }
 

@@ -7,7 +7,7 @@ use jr_protocol::{AssignmentId, Reason, WorkloadPhase};
 use jr_worker::ObservedWorkload;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 
-use crate::template::{LABEL_ASSIGNMENT, LABEL_ATTEMPT};
+use crate::template::{LABEL_ASSIGNMENT, LABEL_ATTEMPT, LABEL_WORKER};
 
 /// Phase of a Pod: a set deletionTimestamp means Terminating whatever the status says.
 pub fn pod_phase(pod: &Pod) -> WorkloadPhase {
@@ -100,6 +100,7 @@ pub fn observe_pod(pod: &Pod) -> Option<ObservedWorkload> {
         attempt,
         phase: pod_phase(pod),
         reason: pod_reason(pod).map(|r| r.to_string()),
+        worker: labels.get(LABEL_WORKER).cloned().unwrap_or_default(),
     })
 }
 

@@ -104,9 +104,6 @@ impl Default for PollConfig {
 #[derive(Clone, Debug)]
 pub struct VmBackendConfig {
     pub backend: BackendName,
-    /// Stable identity of this worker (keep it across restarts: list and observe only see
-    /// sandboxes labelled with it).
-    pub worker_id: String,
     /// `extensions.poolRef` for specs without a provider, or whose provider has no entry below.
     pub pool: String,
     /// Provider name → pool.
@@ -123,10 +120,9 @@ pub struct VmBackendConfig {
 }
 
 impl VmBackendConfig {
-    pub fn new(backend: BackendName, worker_id: impl Into<String>) -> Self {
+    pub fn new(backend: BackendName) -> Self {
         Self {
             backend,
-            worker_id: worker_id.into(),
             pool: DEFAULT_POOL.to_owned(),
             provider_pools: BTreeMap::new(),
             provider: None,
@@ -162,16 +158,19 @@ struct Inner {
 struct Tracked {
     assignment_id: AssignmentId,
     attempt: u32,
+    /// The worker label: the worker process that created it.
+    worker: String,
     last: Option<WorkloadPhase>,
     unreachable_reported: bool,
     last_renew: Option<Instant>,
 }
 
 impl Tracked {
-    fn new(assignment_id: AssignmentId, attempt: u32) -> Self {
+    fn new(assignment_id: AssignmentId, attempt: u32, worker: String) -> Self {
         Self {
             assignment_id,
             attempt,
+            worker,
             last: None,
             unreachable_reported: false,
             last_renew: None,
@@ -198,6 +197,7 @@ impl Tracked {
             attempt: self.attempt,
             phase,
             reason,
+            worker: self.worker.clone(),
         }
     }
 }
@@ -232,12 +232,24 @@ pub fn phase_of(status: &SandboxStatus) -> (WorkloadPhase, Option<String>) {
 }
 
 /// The assignment attempt a sandbox belongs to, from its metadata (current or legacy keys).
-fn ownership(sandbox: &Sandbox) -> Option<(AssignmentId, u32)> {
+fn ownership(sandbox: &Sandbox) -> Option<(AssignmentId, u32, String)> {
     GENERATIONS.iter().find_map(|keys| {
         let assignment = sandbox.metadata.get(keys.assignment)?.parse().ok()?;
         let attempt = sandbox.metadata.get(keys.attempt)?.parse().ok()?;
-        Some((assignment, attempt))
+        let worker = sandbox
+            .metadata
+            .get(keys.worker)
+            .cloned()
+            .unwrap_or_default();
+        Some((assignment, attempt, worker))
     })
+}
+
+/// The worker label of a sandbox (empty when it has none).
+fn creator(sandbox: &Sandbox) -> String {
+    ownership(sandbox)
+        .map(|(_, _, worker)| worker)
+        .unwrap_or_default()
 }
 
 /// The unix second until which a sandbox must live, from its metadata (current or legacy keys).
@@ -304,17 +316,13 @@ fn backend_error(op: &'static str, error: SandboxError) -> BackendError {
 
 impl VmBackend {
     pub fn new(client: SandboxClient, config: VmBackendConfig) -> Self {
+        // Every replica of the backend lists all of its sandboxes (the worker core keeps to
+        // those of the creators it manages, and takes over those of replicas that stopped).
         let owner_filter = |keys: Keys| {
-            let mut filter = BTreeMap::from([
-                (
-                    keys.backend.to_owned(),
-                    sanitize_label_value(config.backend.as_str()),
-                ),
-                (
-                    keys.worker.to_owned(),
-                    sanitize_label_value(&config.worker_id),
-                ),
-            ]);
+            let mut filter = BTreeMap::from([(
+                keys.backend.to_owned(),
+                sanitize_label_value(config.backend.as_str()),
+            )]);
             if let Some(provider) = &config.provider {
                 filter.insert(keys.provider.to_owned(), sanitize_label_value(provider));
             }
@@ -407,6 +415,10 @@ impl VmBackend {
             .saturating_add_unsigned(ttl);
         let mut metadata = self.attempt_filter(KEYS, spec.assignment_id, spec.attempt);
         metadata.extend(self.inner.owner_filter.clone());
+        metadata.insert(
+            KEYS.worker.to_owned(),
+            sanitize_label_value(&spec.worker_id),
+        );
         metadata.insert(KEYS.deadline.to_owned(), deadline.to_string());
         let pool = match &spec.provider {
             Some(provider) => {
@@ -446,7 +458,7 @@ impl VmBackend {
                 tracing::warn!(sandbox = %extra.id, error = %e, "deleting a duplicate sandbox failed");
             }
         }
-        self.track(&keep.id, spec.assignment_id, spec.attempt);
+        self.track(&keep.id, spec.assignment_id, spec.attempt, &creator(&keep));
         Some(keep.id)
     }
 
@@ -458,10 +470,10 @@ impl VmBackend {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn track(&self, id: &str, assignment_id: AssignmentId, attempt: u32) {
+    fn track(&self, id: &str, assignment_id: AssignmentId, attempt: u32, worker: &str) {
         self.tracked()
             .entry(id.to_owned())
-            .or_insert_with(|| Tracked::new(assignment_id, attempt));
+            .or_insert_with(|| Tracked::new(assignment_id, attempt, worker.to_owned()));
         self.inner.wake.notify_one();
     }
 }
@@ -479,7 +491,12 @@ impl Backend for VmBackend {
             Ok(sandbox) => {
                 tracing::info!(sandbox = %sandbox.id, assignment = %spec.assignment_id,
                     attempt = spec.attempt, state = %sandbox.status.state, "sandbox created");
-                self.track(&sandbox.id, spec.assignment_id, spec.attempt);
+                self.track(
+                    &sandbox.id,
+                    spec.assignment_id,
+                    spec.attempt,
+                    &sanitize_label_value(&spec.worker_id),
+                );
                 Ok(sandbox.id)
             }
             Err(error) if error.create_outcome_unknown() => {
@@ -500,7 +517,12 @@ impl Backend for VmBackend {
                     (None, Some(id)) => {
                         tracing::info!(sandbox = %id, assignment = %spec.assignment_id,
                             attempt = spec.attempt, "the sandbox made for this attempt is already stopping");
-                        self.track(&id, spec.assignment_id, spec.attempt);
+                        self.track(
+                            &id,
+                            spec.assignment_id,
+                            spec.attempt,
+                            &sanitize_label_value(&spec.worker_id),
+                        );
                         Ok(id)
                     }
                     (None, None) => Err(backend_error("create", error)),
@@ -547,18 +569,19 @@ impl Backend for VmBackend {
             .map_err(|e| backend_error("list", e))?;
         let mut observed = Vec::with_capacity(sandboxes.len());
         for sandbox in sandboxes {
-            let Some((assignment_id, attempt)) = ownership(&sandbox) else {
+            let Some((assignment_id, attempt, worker)) = ownership(&sandbox) else {
                 tracing::warn!(sandbox = %sandbox.id, "sandbox with our owner labels but no attempt labels");
                 continue;
             };
             let (phase, reason) = phase_of(&sandbox.status);
-            self.track(&sandbox.id, assignment_id, attempt);
+            self.track(&sandbox.id, assignment_id, attempt, &worker);
             observed.push(ObservedWorkload {
                 workload: sandbox.id,
                 assignment_id,
                 attempt,
                 phase,
                 reason,
+                worker,
             });
         }
         Ok(observed)

@@ -150,11 +150,11 @@ impl Poller<'_> {
 
 /// Updates the tracked entry of `sandbox` (tracking it if new); returns an observation on change.
 fn record(tracked: &mut HashMap<String, Tracked>, sandbox: &Sandbox) -> Option<ObservedWorkload> {
-    let (assignment_id, attempt) = ownership(sandbox)?;
+    let (assignment_id, attempt, worker) = ownership(sandbox)?;
     let (phase, reason) = phase_of(&sandbox.status);
     let entry = tracked
         .entry(sandbox.id.clone())
-        .or_insert_with(|| Tracked::new(assignment_id, attempt));
+        .or_insert_with(|| Tracked::new(assignment_id, attempt, worker));
     entry
         .update(phase)
         .then(|| entry.observed(&sandbox.id, phase, reason))
@@ -220,7 +220,7 @@ mod tests {
         let deadline = now.unix_timestamp() + 3 * 3600;
         let mut tracked = HashMap::from([(
             "sb-1".to_owned(),
-            Tracked::new(AssignmentId(uuid::Uuid::nil()), 1),
+            Tracked::new(AssignmentId(uuid::Uuid::nil()), 1, String::new()),
         )]);
         let soon = now + time::Duration::minutes(5);
         let target = OffsetDateTime::from_unix_timestamp(deadline).ok();

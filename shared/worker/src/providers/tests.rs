@@ -47,6 +47,7 @@ impl Backend for Fake {
                     attempt: spec.attempt,
                     phase: WorkloadPhase::Running,
                     reason: None,
+                    worker: spec.worker_id.clone(),
                 },
             );
             Ok(name)

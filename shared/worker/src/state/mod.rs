@@ -109,12 +109,21 @@ impl WorkerState {
         let warm_scan = self.warm_on()
             || matches!(
                 input,
-                Input::Tick | Input::Recovered { .. } | Input::Listed { .. }
+                Input::Tick
+                    | Input::Recovered { .. }
+                    | Input::Adopted { .. }
+                    | Input::Listed { .. }
             );
         match input {
             Input::Recovered { listed, remembered } => {
                 self.recovered(listed, remembered, now, &mut fx)
             }
+            Input::Adopted { listed, remembered } => {
+                if self.recovered {
+                    self.adopt(listed, remembered, now, &mut fx)
+                }
+            }
+            Input::Capacity(slots) => self.cfg.capacity = slots,
             Input::PullWanted { max } => self.pull_waiters.push_back(max.max(1)),
             Input::TicketDropped(ticket) => {
                 self.tickets.remove(&ticket);

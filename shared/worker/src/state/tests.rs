@@ -17,6 +17,7 @@ fn seen(key: AttemptKey, workload: &str, phase: WorkloadPhase) -> ObservedWorklo
         attempt: key.attempt,
         phase,
         reason: None,
+        worker: String::new(),
     }
 }
 

@@ -22,6 +22,19 @@ impl WorkerState {
         }
         self.recovered = true;
         self.next_resync = Some(now + self.cfg.resync_every);
+        self.adopt(listed, remembered, now, fx);
+    }
+
+    /// Takes over workloads another worker process managed (an earlier process of this
+    /// replica at start, or a replica that stopped): those it had announced are live and
+    /// reported, those it remembered that are gone are released, the rest are strays.
+    pub(super) fn adopt(
+        &mut self,
+        listed: Vec<ObservedWorkload>,
+        remembered: Vec<(AttemptKey, String)>,
+        now: Instant,
+        fx: &mut Vec<Effect>,
+    ) {
         // A warm executor bound just before a stop may be remembered twice (bound attempt and
         // warm identity): the bound attempt wins.
         let mut by_name: BTreeMap<String, AttemptKey> = BTreeMap::new();
@@ -48,6 +61,9 @@ impl WorkerState {
         }
         let present: BTreeSet<&str> = listed.iter().map(|o| o.workload.as_str()).collect();
         for (workload, key) in &remembered {
+            if self.workloads.contains_key(workload) || self.released.contains_key(workload) {
+                continue;
+            }
             if !present.contains(workload.as_str()) && key.attempt == 0 {
                 // An idle warm executor that went while the worker was down: nobody else knew it.
                 fx.push(Effect::Forget {
@@ -65,7 +81,7 @@ impl WorkerState {
             }
         }
         for o in listed {
-            if o.phase == WorkloadPhase::Gone {
+            if o.phase == WorkloadPhase::Gone || self.workloads.contains_key(&o.workload) {
                 continue;
             }
             let listed_key = AttemptKey::of(&o);

@@ -93,6 +93,15 @@ pub enum Input {
         listed: Vec<ObservedWorkload>,
         remembered: Vec<(AttemptKey, String)>,
     },
+    /// Workloads of another worker process of this backend that this one takes over (a
+    /// replica that stopped renewing its holding): what the backend lists of them, and what
+    /// that process remembered.
+    Adopted {
+        listed: Vec<ObservedWorkload>,
+        remembered: Vec<(AttemptKey, String)>,
+    },
+    /// The slots this process may fill now (its share of the backend's capacity).
+    Capacity(usize),
     /// The assignment consumer wants to pull up to `max` messages (at least one) in one pull.
     PullWanted {
         max: usize,

@@ -1,0 +1,220 @@
+//! Replicas of one backend's worker share its capacity through one key (`slots`) in the
+//! worker bucket `JR_WORKLOADS_<backend>`, on the pure rules of `jr_lease::hold_slots`: each
+//! process holds some slots under a renewable holding and manages the workloads of the
+//! creators its holding owns (its own, and those of replicas it took over). The sum of the
+//! holdings never exceeds capacity, and a replica that stops renewing is taken over — slots and
+//! workloads in one write — once it can no longer be creating by its own clock.
+//!
+//! A process's name is `<worker_id>_<8 hex digits>`, random per start; workloads carry it as
+//! their worker label. A restarted process of the same `worker_id` takes over its earlier self
+//! at once; a replica that finds its holding taken over stops (see [`Renewal::Lost`]).
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use jr_bus::async_nats::jetstream::kv;
+use jr_lease::{Policy, Slots, SlotsRequest, SlotsStep, hold_slots, release_slots, stable_name};
+use jr_protocol::now_ms;
+
+use crate::ledger::SLOTS_KEY;
+
+/// How long a holding lasts without renewal, and the clock skew allowed between replicas.
+pub const HOLDING_TTL: Duration = Duration::from_secs(6);
+pub const MAX_SKEW: Duration = Duration::from_millis(500);
+/// How often a replica renews its holding (and looks for replicas to take over).
+pub const RENEW_EVERY: Duration = Duration::from_secs(1);
+/// How long one read-and-write of the key may take before it counts as failed.
+const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+
+pub(crate) fn policy() -> Policy {
+    Policy::new(HOLDING_TTL.as_millis() as u64, MAX_SKEW.as_millis() as u64)
+        .expect("the TTL exceeds four times the skew")
+}
+
+/// This process's name: the configured worker id and a random suffix.
+pub fn replica_name(worker_id: &str) -> String {
+    format!("{worker_id}_{:08x}", rand::random::<u32>())
+}
+
+/// The outcome of one renewal.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Renewal {
+    /// Written: this process holds `slots` and now also manages the workloads of `adopted`.
+    Held {
+        slots: usize,
+        adopted: BTreeSet<String>,
+    },
+    /// The key could not be read or written (it is tried again at the next renewal).
+    Failed(String),
+    /// Another process took this one's holding over: it must stop managing anything.
+    Lost { by: Option<String> },
+}
+
+/// One process's view of the shared capacity key.
+pub(crate) struct Replica {
+    pub(crate) name: String,
+    store: kv::Store,
+    policy: Policy,
+    capacity: usize,
+    joined: bool,
+    /// Creators whose workloads this process manages (its own name included).
+    owns: BTreeSet<String>,
+    /// The record as last read or written.
+    record: Slots,
+    /// Until when (unix ms, own clock) the slots of the last successful write may be used.
+    usable_until: u64,
+}
+
+impl Replica {
+    pub(crate) fn new(name: String, store: kv::Store, capacity: usize) -> Self {
+        let owns = BTreeSet::from([name.clone()]);
+        Self {
+            name,
+            store,
+            policy: policy(),
+            capacity,
+            joined: false,
+            owns,
+            record: Slots::default(),
+            usable_until: 0,
+        }
+    }
+
+    /// Whether this process manages the workloads labelled `creator`: its own, those of the
+    /// replicas it took over, and those labelled with the bare worker id (made before
+    /// replicas had names) when no other replica manages those.
+    pub(crate) fn manages(&self, creator: &str) -> bool {
+        self.owns.contains(creator)
+            || (creator == stable_name(&self.name)
+                && self
+                    .record
+                    .owner_of(creator)
+                    .is_none_or(|owner| owner == self.name))
+    }
+
+    /// The creators taken over from other processes (not this one's own name).
+    pub(crate) fn adopted(&self) -> impl Iterator<Item = &String> {
+        self.owns.iter().filter(|c| **c != self.name)
+    }
+
+    /// Whether the slots of the last successful write may still be used.
+    pub(crate) fn usable(&self) -> bool {
+        now_ms() < self.usable_until
+    }
+
+    /// An even share of capacity among the live replicas.
+    pub(crate) fn share(&self) -> usize {
+        self.record
+            .share(&self.name, self.capacity, now_ms(), &self.policy)
+    }
+
+    /// Live replicas in the last record read (this one included).
+    pub(crate) fn replicas(&self) -> usize {
+        let now = now_ms();
+        self.record
+            .held
+            .iter()
+            .filter(|(name, h)| **name == self.name || now < h.expires(&self.policy))
+            .count()
+            .max(1)
+    }
+
+    async fn read(&self) -> Result<(Slots, Option<u64>), String> {
+        let entry = self
+            .store
+            .entry(SLOTS_KEY)
+            .await
+            .map_err(|e| e.to_string())?;
+        let Some(entry) = entry else {
+            return Ok((Slots::default(), None));
+        };
+        if entry.operation != kv::Operation::Put {
+            return Ok((Slots::default(), Some(entry.revision)));
+        }
+        match serde_json::from_slice::<Slots>(&entry.value) {
+            Ok(slots) => Ok((slots, Some(entry.revision))),
+            Err(e) => {
+                // Nothing can be trusted from it; rewritten with this replica's holding (other
+                // replicas write theirs again at their next renewal).
+                tracing::warn!(error = %e, "the shared capacity record is unreadable; replacing it");
+                Ok((Slots::default(), Some(entry.revision)))
+            }
+        }
+    }
+
+    async fn write(&self, record: &Slots, revision: Option<u64>) -> Result<u64, String> {
+        let value = serde_json::to_vec(record).map_err(|e| e.to_string())?;
+        match revision {
+            None => self
+                .store
+                .create(SLOTS_KEY, value.into())
+                .await
+                .map_err(|e| e.to_string()),
+            Some(r) => self
+                .store
+                .update(SLOTS_KEY, value.into(), r)
+                .await
+                .map_err(|e| e.to_string()),
+        }
+    }
+
+    /// Reads the key and writes this process's holding of `want` slots, dropping creators in
+    /// `done_with` (taken over earlier, no workload left).
+    pub(crate) async fn renew(&mut self, want: usize, done_with: &BTreeSet<String>) -> Renewal {
+        let attempt = async {
+            let (record, revision) = self.read().await?;
+            let now = now_ms();
+            let req = SlotsRequest {
+                me: &self.name,
+                want,
+                capacity: self.capacity,
+                now,
+                joined: self.joined,
+                known: &self.owns,
+                done_with,
+            };
+            match hold_slots(&record, &req, &self.policy) {
+                SlotsStep::Lost { by } => Ok(Err(by)),
+                SlotsStep::Write {
+                    record,
+                    slots,
+                    adopted,
+                } => {
+                    self.write(&record, revision).await?;
+                    Ok(Ok((record, slots, adopted, now)))
+                }
+            }
+        };
+        let outcome = match tokio::time::timeout(CALL_TIMEOUT, attempt).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(format!("no answer within {CALL_TIMEOUT:?}")),
+        };
+        match outcome {
+            Err(e) => Renewal::Failed(e),
+            Ok(Err(by)) => Renewal::Lost { by },
+            Ok(Ok((record, slots, adopted, _at))) => {
+                let mine = record.held.get(&self.name);
+                self.owns = mine.map(|h| h.owns.clone()).unwrap_or_default();
+                self.owns.insert(self.name.clone());
+                self.usable_until = mine.map_or(0, |h| h.usable_until(&self.policy));
+                self.record = record;
+                self.joined = true;
+                Renewal::Held { slots, adopted }
+            }
+        }
+    }
+
+    /// On a clean stop: marks this process's holding expired, so another replica takes over
+    /// its workloads at its next renewal instead of after the TTL.
+    pub(crate) async fn release(&self) {
+        let Ok((record, revision)) = self.read().await else {
+            return;
+        };
+        let Some(next) = release_slots(&record, &self.name) else {
+            return;
+        };
+        if let Err(error) = self.write(&next, revision).await {
+            tracing::warn!(%error, "could not hand the holding over at stop");
+        }
+    }
+}
