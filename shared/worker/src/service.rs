@@ -33,12 +33,15 @@ pub fn settings_from_config(
         .ok_or_else(|| format!("{section_name}.token_key (or token_key_file) is required: base64 of at least 32 random bytes"))?;
     let token_key =
         TokenKey::from_base64(&key_text).map_err(|e| format!("{section_name}.token_key: {e}"))?;
+    // Stable across restarts of one replica (a restarted process takes over its earlier
+    // self at once); each replica of a backend needs its own (Kubernetes: the Pod name).
+    let worker_id = section
+        .worker_id
+        .clone()
+        .unwrap_or_else(|| format!("{name}-worker"));
+    check_worker_id(&worker_id).map_err(|e| format!("{section_name}.worker_id: {e}"))?;
     let settings = WorkerSettings {
-        // Stable across restarts by default: workloads are listed by it after a restart.
-        worker_id: section
-            .worker_id
-            .clone()
-            .unwrap_or_else(|| format!("{name}-worker")),
+        worker_id,
         backend,
         capacity: backend_cfg.capacity,
         facade_url: config.facade.public_url.clone(),
@@ -148,4 +151,46 @@ fn burst_from_config(backend: &jr_config::BackendConfig) -> crate::Burst {
         })
         .collect();
     crate::Burst::new(protected, burst.after)
+}
+
+/// A worker id is part of every workload's worker label (`<worker_id>_<8 hex digits>`, at most
+/// 63 characters): lowercase letters, digits and `-`, starting and ending with a letter or
+/// digit, at most 50 characters.
+pub(crate) fn check_worker_id(id: &str) -> Result<(), String> {
+    let valid = !id.is_empty()
+        && id.len() <= 50
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !id.starts_with('-')
+        && !id.ends_with('-');
+    if valid {
+        Ok(())
+    } else {
+        Err(format!(
+            "{id:?} is not a valid worker id: use 1 to 50 lowercase letters, digits and '-', starting and ending with a letter or digit (e.g. the Pod name)"
+        ))
+    }
+}
+
+#[cfg(test)]
+mod worker_id_tests {
+    use super::check_worker_id;
+
+    #[test]
+    fn worker_ids_fit_a_label_with_the_process_suffix() {
+        for good in ["pod-worker", "pod-worker-7d9f8c6b5d-x2x4q", "a"] {
+            assert_eq!(check_worker_id(good), Ok(()), "{good}");
+        }
+        for bad in [
+            "",
+            "Pod-Worker",
+            "pod_worker",
+            "-pod",
+            "pod-",
+            &"a".repeat(51),
+        ] {
+            assert!(check_worker_id(bad).is_err(), "{bad:?}");
+        }
+    }
 }

@@ -276,30 +276,45 @@ fn every_deployment_has_one_pod_disruption_budget_that_never_blocks_a_drain() {
     assert!(covered.values().all(|n| *n == 1), "{covered:?}");
 }
 
-/// Services with a lease (one replica acts, the other stands by).
-const REPLICATED: [&str; 2] = ["scheduler", "reconciler"];
+/// Every service runs two replicas: a lease picks the scheduler replica that fetches and the
+/// reconciler that plans; worker replicas share their backend's capacity.
+const REPLICATED: [&str; 4] = ["scheduler", "reconciler", "pod-worker", "vm-worker"];
 
 #[test]
-fn singleton_services_are_replaced_not_overlapped() {
+fn every_deployment_is_replicated() {
     let base = base();
-    for deployment in base
-        .of_kind("Deployment")
-        .filter(|d| !REPLICATED.contains(&d.name()))
-    {
-        let replicas = at(&deployment.value, &["spec", "replicas"]).and_then(Value::as_u64);
-        assert_eq!(replicas, Some(1), "{}", deployment.describe());
-        assert_eq!(
-            str_at(&deployment.value, &["spec", "strategy", "type"]),
-            Some("Recreate"),
-            "{}: a rolling update would run two instances at once",
-            deployment.describe()
-        );
-        let selector = string_map(at(&deployment.value, &["spec", "selector", "matchLabels"]));
-        assert!(
-            selects(&selector, &pod_labels(deployment)),
-            "{}",
-            deployment.describe()
-        );
+    let deployments: BTreeSet<&str> = base.of_kind("Deployment").map(|d| d.name()).collect();
+    assert_eq!(deployments, REPLICATED.into_iter().collect::<BTreeSet<_>>());
+}
+
+/// Worker replicas of one backend need distinct worker ids (workloads carry them and capacity
+/// is shared under them): each takes its Pod's name.
+#[test]
+fn worker_replicas_take_their_identity_from_the_pod_name() {
+    let base = base();
+    for (name, var) in [
+        ("pod-worker", "JETRUNNER__POD_WORKER__WORKER_ID"),
+        ("vm-worker", "JETRUNNER__VM_WORKER__WORKER_ID"),
+    ] {
+        let deployment = base
+            .of_kind("Deployment")
+            .find(|d| d.name() == name)
+            .unwrap_or_else(|| panic!("Deployment {name}"));
+        let env = at(
+            &deployment.value,
+            &["spec", "template", "spec", "containers"],
+        )
+        .and_then(Value::as_sequence)
+        .and_then(|c| c.first())
+        .and_then(|c| c.get("env"))
+        .and_then(Value::as_sequence)
+        .cloned()
+        .unwrap_or_default();
+        let field = env
+            .iter()
+            .find(|e| e.get("name").and_then(Value::as_str) == Some(var))
+            .and_then(|e| str_at(e, &["valueFrom", "fieldRef", "fieldPath"]));
+        assert_eq!(field, Some("metadata.name"), "{}", deployment.describe());
     }
 }
 

@@ -75,7 +75,8 @@ pub struct SystemSpec {
     /// `forge.registration = "shared"`: one runner fetches for both backends (default: one
     /// runner per backend).
     pub shared_registration: bool,
-    /// A second replica of the scheduler and of the reconciler (`scheduler-b`, `reconciler-b`).
+    /// A second replica of every service (`scheduler-b`, `reconciler-b`, `pod-worker-b`,
+    /// `vm-worker-b`).
     /// Executors then reach the two facades through a harness TCP proxy on `ports.facade`, as
     /// through a Kubernetes Service: each connection goes to the next replica that accepts it.
     pub standbys: bool,
@@ -141,6 +142,9 @@ pub struct Ports {
     pub scheduler_b_ops: u16,
     pub reconciler_b_ops: u16,
     pub status_b: u16,
+    /// With standbys: the second pod-worker's and vm-worker's ops ports.
+    pub pod_b_ops: u16,
+    pub vm_b_ops: u16,
 }
 
 pub struct System {
@@ -160,7 +164,8 @@ pub struct System {
     pub pod_worker: ServiceProcess,
     pub vm_worker: ServiceProcess,
     pub reconciler: ServiceProcess,
-    /// With [`SystemSpec::standbys`]: `scheduler-b` and `reconciler-b`.
+    /// With [`SystemSpec::standbys`]: `scheduler-b`, `reconciler-b`, `pod-worker-b` and
+    /// `vm-worker-b`.
     pub standbys: Vec<ServiceProcess>,
     /// The facade proxy's accept loop (with standbys).
     facade_proxy: Option<tokio::task::JoinHandle<()>>,
@@ -324,6 +329,8 @@ impl System {
             scheduler_b_ops: free_port()?,
             reconciler_b_ops: free_port()?,
             status_b: free_port()?,
+            pod_b_ops: free_port()?,
+            vm_b_ops: free_port()?,
         };
         let config_path = dir.path().join("jetrunner.toml");
         let text = config_toml(
@@ -397,13 +404,32 @@ impl System {
                 "JETRUNNER__RECONCILER__STATUS_LISTEN",
                 &listen(ports.status_b),
             );
+            // Second worker replicas share their backend's capacity with the first.
+            let worker_b = |kind: &str, port: u16| -> anyhow::Result<ServiceProcess> {
+                let section = kind.replace('-', "_").to_uppercase();
+                Ok(ServiceProcess::new(
+                    &format!("{kind}-b"),
+                    binary(kind)?,
+                    args.clone(),
+                    dir.path(),
+                    port,
+                )
+                .env("RUST_LOG", &spec.log_filter)
+                .env(&format!("JETRUNNER__{section}__OPS_LISTEN"), &listen(port))
+                .env(
+                    &format!("JETRUNNER__{section}__WORKER_ID"),
+                    &format!("{kind}-b"),
+                ))
+            };
+            let pod_worker_b = worker_b("pod-worker", ports.pod_b_ops)?;
+            let vm_worker_b = worker_b("vm-worker", ports.vm_b_ops)?;
             let proxy = crate::proxy::spawn(ports.facade, ports.facade_replicas.to_vec()).await?;
             (
                 scheduler.env(
                     "JETRUNNER__FACADE__LISTEN",
                     &listen(ports.facade_replicas[0]),
                 ),
-                vec![scheduler_b, reconciler_b],
+                vec![scheduler_b, reconciler_b, pod_worker_b, vm_worker_b],
                 Some(proxy),
             )
         } else {

@@ -1,10 +1,12 @@
-//! High availability: two replicas of the scheduler and of the reconciler run 500 mixed jobs
-//! while the replica that fetches (per forge registration) and the one that projects and plans
-//! are killed with SIGKILL in turn. The standby takes over within the lease's free time: no job
-//! is lost or run twice, fetching resumes within 5 s (measured from the kill to the forge's
-//! next hand-out to that registration), executors keep talking to a facade (the surviving
-//! replica, through the stand-in for a Kubernetes Service), capacity holds by the backends' own
-//! records and nothing is left behind. Needs the service binaries built; run with
+//! High availability: two replicas of every service run 500 mixed jobs while the replica that
+//! fetches (per forge registration), the one that projects and plans, and the pod-worker and
+//! vm-worker replicas with the most workloads are killed with SIGKILL in turn. The standby
+//! takes over within the lease's free time and a surviving worker replica takes over the dead
+//! one's slots and workloads: no job is lost or run twice, fetching resumes within 5 s
+//! (measured from the kill to the forge's next hand-out to that registration), executors keep
+//! talking to a facade (the surviving replica, through the stand-in for a Kubernetes Service),
+//! the two worker replicas of a backend together never exceed its capacity by the backends' own
+//! records, and nothing is left behind. Needs the service binaries built; run with
 //! `--test-threads=1`.
 
 use std::time::{Duration, Instant, SystemTime};
@@ -63,6 +65,52 @@ async fn reconciler_leader(system: &System) -> Option<&'static str> {
     }
     assert!(leaders.len() <= 1, "two reconcilers lead: {leaders:?}");
     leaders.first().copied()
+}
+
+/// Kills the replica of `kind` ("pod-worker" or "vm-worker") with the most workloads while it
+/// has some, and waits until the other replica has taken it over. Returns the replica killed
+/// and how long the takeover took.
+async fn kill_busiest_worker(
+    system: &mut System,
+    kind: &str,
+) -> anyhow::Result<(String, Duration)> {
+    let (port_a, port_b) = match kind {
+        "pod-worker" => (system.ports.pod_ops, system.ports.pod_b_ops),
+        _ => (system.ports.vm_ops, system.ports.vm_b_ops),
+    };
+    let replicas = [(kind.to_owned(), port_a), (format!("{kind}-b"), port_b)];
+    let (victim, survivor_port) = wait_for(
+        "a worker replica with workloads",
+        Duration::from_secs(30),
+        || {
+            let replicas = replicas.clone();
+            async move {
+                let mut used = Vec::new();
+                for (name, port) in &replicas {
+                    let n = metric(*port, "jetrunner_worker_slots_used", "").await?;
+                    used.push((n, name.clone(), *port));
+                }
+                used.sort_by(|a, b| b.0.total_cmp(&a.0));
+                (used[0].0 >= 1.0).then(|| (used[0].1.clone(), used[1].2))
+            }
+        },
+    )
+    .await?;
+    let before = metric(survivor_port, "jetrunner_worker_takeovers_total", "")
+        .await
+        .unwrap_or(0.0);
+    system.service(&victim).expect("worker replica").kill9();
+    let killed_at = Instant::now();
+    wait_for(
+        "the surviving replica takes the killed one over",
+        Duration::from_secs(30),
+        || async move {
+            let now = metric(survivor_port, "jetrunner_worker_takeovers_total", "").await?;
+            (now > before).then_some(())
+        },
+    )
+    .await?;
+    Ok((victim, killed_at.elapsed()))
 }
 
 async fn wait_for<T, F, Fut>(what: &str, within: Duration, mut probe: F) -> anyhow::Result<T>
@@ -213,11 +261,27 @@ async fn leaders_killed_in_turn_lose_no_job_and_fetching_resumes_within_five_sec
     })
     .await?;
 
-    // 3. The replica fetching for the vm registration (whichever it is now).
+    // 3. The pod-worker replica with the most workloads.
+    let (killed, took) = kill_busiest_worker(&mut system, "pod-worker").await?;
+    println!("pod-worker: {killed} taken over {took:?} after it died");
+    system.service(&killed).expect("worker").restart()?;
+    wait_for("more jobs finish", Duration::from_secs(60), || {
+        progress(&system, 280)
+    })
+    .await?;
+
+    // 4. The replica fetching for the vm registration (whichever it is now).
     let (vm_gap, killed) = kill_fetch_leader(&mut system, "vm").await?;
     println!("vm registration: fetching resumed {vm_gap:?} after its fetching replica died");
     system.service(killed).expect("replica").restart()?;
 
+    // 5. The vm-worker replica with the most workloads.
+    let (killed, took) = kill_busiest_worker(&mut system, "vm-worker").await?;
+    println!("vm-worker: {killed} taken over {took:?} after it died");
+    system.service(&killed).expect("worker").restart()?;
+
+    let kept = jr_scenarios::chaos::keep_logs(&system, "ha")?;
+    println!("service logs kept in {}", kept.display());
     for (registration, gap) in [("pod", pod_gap), ("vm", vm_gap)] {
         assert!(
             gap < RESUME_WITHIN,
