@@ -405,6 +405,8 @@ pub(crate) struct Driver<B> {
     /// Why this process stopped managing anything: its holding was taken over.
     pub(crate) lost: Option<String>,
     last_renew_warning: Option<Instant>,
+    /// Live replicas of the backend as last told to the state.
+    pub(crate) replicas: usize,
 }
 
 impl<B: Backend> Driver<B> {
@@ -435,6 +437,7 @@ impl<B: Backend> Driver<B> {
             done_with: BTreeSet::new(),
             lost: None,
             last_renew_warning: None,
+            replicas: 1,
         }
     }
 
@@ -499,12 +502,10 @@ impl<B: Backend> Driver<B> {
     /// need beyond an even share (after it stopped using it), takes over replicas that
     /// stopped, and lets the state fill what it holds.
     pub(crate) async fn renew(&mut self) {
+        // Nothing is fed while the write is in flight, so what is in use cannot grow meanwhile;
+        // the state may fill the new holding only once it is written.
         let in_use = self.state.used() + self.state.reserved();
-        let want = in_use.max(self.replica.share());
-        if want < self.state.capacity() {
-            self.feed(Input::Capacity(want)).await;
-        }
-        match self.replica.renew(want, &self.done_with).await {
+        match self.replica.renew(in_use, &self.done_with).await {
             Renewal::Held { slots, adopted } => {
                 self.last_renew_warning = None;
                 if !adopted.is_empty() {
@@ -525,8 +526,13 @@ impl<B: Backend> Driver<B> {
                     slots.min(self.state.used() + self.state.reserved())
                 };
                 self.feed(Input::Capacity(fill)).await;
+                let replicas = self.replica.replicas();
+                if replicas != self.replicas {
+                    self.replicas = replicas;
+                    self.feed(Input::Replicas(replicas)).await;
+                }
                 self.io.metrics.slots_held.set(slots as i64);
-                self.io.metrics.replicas.set(self.replica.replicas() as i64);
+                self.io.metrics.replicas.set(replicas as i64);
             }
             Renewal::Failed(error) => {
                 let now = Instant::now();

@@ -102,12 +102,6 @@ impl Replica {
         now_ms() < self.usable_until
     }
 
-    /// An even share of capacity among the live replicas.
-    pub(crate) fn share(&self) -> usize {
-        self.record
-            .share(&self.name, self.capacity, now_ms(), &self.policy)
-    }
-
     /// Live replicas in the last record read (this one included).
     pub(crate) fn replicas(&self) -> usize {
         let now = now_ms();
@@ -158,12 +152,14 @@ impl Replica {
         }
     }
 
-    /// Reads the key and writes this process's holding of `want` slots, dropping creators in
-    /// `done_with` (taken over earlier, no workload left).
-    pub(crate) async fn renew(&mut self, want: usize, done_with: &BTreeSet<String>) -> Renewal {
+    /// Reads the key and writes this process's holding: the `in_use` slots (tracked workloads
+    /// and pull tickets), or an even share of the capacity among the live replicas if that is
+    /// more; creators in `done_with` (taken over earlier, no workload left) are dropped.
+    pub(crate) async fn renew(&mut self, in_use: usize, done_with: &BTreeSet<String>) -> Renewal {
         let attempt = async {
             let (record, revision) = self.read().await?;
             let now = now_ms();
+            let want = in_use.max(record.share(&self.name, self.capacity, now, &self.policy));
             let req = SlotsRequest {
                 me: &self.name,
                 want,

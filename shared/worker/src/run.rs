@@ -183,6 +183,10 @@ impl<B: Backend> Worker<B> {
         };
         let outstanding = Outstanding::default();
         let mut driver = Driver::new(io, ledger, outstanding.clone(), replica);
+        // Replicas first: each keeps its part of the warm executors from the start.
+        let replicas = driver.replica.replicas();
+        driver.feed(Input::Replicas(replicas)).await;
+        driver.replicas = replicas;
         driver.feed(Input::Recovered { listed, remembered }).await;
         driver.feed(Input::Capacity(slots)).await;
 

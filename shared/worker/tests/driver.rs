@@ -19,12 +19,15 @@ use tokio_util::sync::CancellationToken;
 
 const WAIT: Duration = Duration::from_secs(20);
 
+/// A workload the scripted backend holds: its attempt and its worker label.
+type LiveWorkload = (AssignmentId, u32, String);
+
 /// A backend whose create answers are scripted; records every call.
 #[derive(Clone, Default)]
 struct Scripted {
     answers: Arc<Mutex<VecDeque<Result<(), BackendError>>>>,
     creates: Arc<Mutex<Vec<(AssignmentId, u32)>>>,
-    live: Arc<Mutex<BTreeMap<String, (AssignmentId, u32, String)>>>,
+    live: Arc<Mutex<BTreeMap<String, LiveWorkload>>>,
 }
 
 impl Scripted {

@@ -54,7 +54,10 @@ struct Given {
 
 struct World {
     now: Instant,
+    /// The slots the worker may fill now (its replica's share, changed by `Input::Capacity`).
     capacity: usize,
+    /// The backend's whole capacity: the most a share can be.
+    full_capacity: usize,
     state: WorkerState,
     truth: BTreeMap<AssignmentId, BusFacts>,
     history: BTreeMap<AssignmentId, Vec<BusFacts>>,
@@ -114,6 +117,7 @@ impl World {
         let mut w = World {
             now: Instant::now(),
             capacity,
+            full_capacity: capacity,
             state: WorkerState::new(Self::config(capacity, &warm)),
             truth: BTreeMap::new(),
             history: BTreeMap::new(),
@@ -452,7 +456,13 @@ impl World {
     }
 
     fn step(&mut self, (kind, a, b, c): (u8, u8, u8, u8)) {
-        match kind % 13 {
+        match kind % 14 {
+            // Another replica came or went, or the share expired: any share, even below
+            // what is in use (that is debt).
+            13 => {
+                self.capacity = usize::from(a) % (self.full_capacity + 1);
+                self.feed(Input::Capacity(self.capacity));
+            }
             12 => self.answer_warm(a, b),
             // The gated consumer asks for up to a few tickets per pull, and asks again only
             // when it holds none.
@@ -835,8 +845,8 @@ proptest! {
         }
         world.drain();
         if std::env::var("JR_STATS").is_ok() { eprintln!("STATS creates={} binds={} released={} deleted={} bp={} msgs={}", world.create_calls, world.binds, world.released.len(), world.deleted.len(), world.backpressure_only.values().filter(|v| **v).count(), world.messages.len()); }
-        prop_assert!(world.state.debt() > 0 || world.state.used() <= capacity,
-            "{} slots used with capacity {}", world.state.used(), capacity);
+        prop_assert!(world.state.debt() > 0 || world.state.used() <= world.capacity,
+            "{} slots used with capacity {}", world.state.used(), world.capacity);
         for workload in &world.deleted {
             let released = world.released.get(workload).map_or(0, |k| k.len());
             prop_assert_eq!(released, 1, "deleted {} was released {} times", workload, released);

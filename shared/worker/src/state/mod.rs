@@ -76,6 +76,8 @@ pub struct WorkerState {
     last_activity: Option<Instant>,
     /// Assignments bound to warm executors since start.
     warm_binds: u64,
+    /// Live worker replicas of the backend: each keeps its part of the warm executors.
+    replicas: usize,
 }
 
 impl WorkerState {
@@ -98,6 +100,7 @@ impl WorkerState {
             warm_retry_at: None,
             last_activity: None,
             warm_binds: 0,
+            replicas: 1,
         }
     }
 
@@ -112,6 +115,7 @@ impl WorkerState {
                 Input::Tick
                     | Input::Recovered { .. }
                     | Input::Adopted { .. }
+                    | Input::Replicas(_)
                     | Input::Listed { .. }
             );
         match input {
@@ -124,6 +128,7 @@ impl WorkerState {
                 }
             }
             Input::Capacity(slots) => self.cfg.capacity = slots,
+            Input::Replicas(n) => self.replicas = n.max(1),
             Input::PullWanted { max } => self.pull_waiters.push_back(max.max(1)),
             Input::TicketDropped(ticket) => {
                 self.tickets.remove(&ticket);

@@ -552,6 +552,22 @@ mod warm {
     }
 
     #[test]
+    fn each_replica_keeps_its_part_of_the_warm_executors() {
+        let now = Instant::now();
+        let mut s = warm_ready(8, 3, 3, now);
+        let creating: Vec<AssignmentId> = s.warm_creating.iter().copied().collect();
+        assert_eq!(creating.len(), 3, "alone, a replica keeps them all");
+        let names = start(&mut s, &creating, now);
+        // A second replica joins: this one keeps two (3 / 2 rounded up) and retires one.
+        let fx = s.on(Input::Replicas(2), now);
+        assert_eq!(warm_deletes(&fx).len(), 1, "{fx:?}");
+        assert!(names.contains(&warm_deletes(&fx)[0]));
+        // The other stops: this one makes up the difference.
+        let fx = s.on(Input::Replicas(1), now);
+        assert_eq!(warm_creates(&fx).len(), 1, "{fx:?}");
+    }
+
+    #[test]
     fn a_delivery_is_bound_to_an_idle_warm_executor_without_a_create_and_the_minimum_refilled() {
         let now = Instant::now();
         let mut s;

@@ -102,6 +102,9 @@ pub enum Input {
     },
     /// The slots this process may fill now (its share of the backend's capacity).
     Capacity(usize),
+    /// How many worker replicas of the backend are live: each keeps its part (rounded up) of
+    /// the warm executors.
+    Replicas(usize),
     /// The assignment consumer wants to pull up to `max` messages (at least one) in one pull.
     PullWanted {
         max: usize,

@@ -65,13 +65,15 @@ impl WorkerState {
             + self.warm_creating.len()
     }
 
-    /// The idle warm count wanted now.
+    /// The idle warm count wanted now: this replica's part (rounded up) of the backend's
+    /// `max_idle` while busy, of `min_idle` once idle.
     pub fn warm_target(&self, now: Instant) -> usize {
         let warm = &self.cfg.warm;
         let busy = self
             .last_activity
             .is_some_and(|at| at + warm.idle_timeout > now);
-        if busy { warm.max_idle } else { warm.min_idle }
+        let whole = if busy { warm.max_idle } else { warm.min_idle };
+        whole.div_ceil(self.replicas.max(1))
     }
 
     /// Warm executors still to be made to reach the target.
