@@ -502,9 +502,11 @@ impl<B: Backend> Driver<B> {
     /// need beyond an even share (after it stopped using it), takes over replicas that
     /// stopped, and lets the state fill what it holds.
     pub(crate) async fn renew(&mut self) {
-        // Nothing is fed while the write is in flight, so what is in use cannot grow meanwhile;
-        // the state may fill the new holding only once it is written.
-        let in_use = self.state.used() + self.state.reserved();
+        // Nothing is fed while the write is in flight, so what is in use cannot grow meanwhile,
+        // and the state fills the new holding only once it is written. Pull tickets are not
+        // counted: a delivery beyond the state's capacity is sent back, so a busy replica gives
+        // back what it holds beyond an even share as its workloads end.
+        let in_use = self.state.used();
         match self.replica.renew(in_use, &self.done_with).await {
             Renewal::Held { slots, adopted } => {
                 self.last_renew_warning = None;

@@ -153,7 +153,7 @@ impl Replica {
     }
 
     /// Reads the key and writes this process's holding: the `in_use` slots (tracked workloads
-    /// and pull tickets), or an even share of the capacity among the live replicas if that is
+    /// and create calls), or an even share of the capacity among the live replicas if that is
     /// more; creators in `done_with` (taken over earlier, no workload left) are dropped.
     pub(crate) async fn renew(&mut self, in_use: usize, done_with: &BTreeSet<String>) -> Renewal {
         let attempt = async {

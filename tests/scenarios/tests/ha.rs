@@ -228,6 +228,33 @@ async fn leaders_killed_in_turn_lose_no_job_and_fetching_resumes_within_five_sec
         "two FetchTask calls of one runner were in flight at once"
     );
 
+    // Worker replicas share their backend's capacity: both hold part of it, never more than
+    // all of it together (one record holds every replica's share).
+    let nats = async_nats::connect(system.nats.url()).await?;
+    let js = async_nats::jetstream::new(nats);
+    for (backend, capacity) in [("pod", 8), ("vm", 4)] {
+        let bucket = js.get_key_value(format!("JR_WORKLOADS_{backend}")).await?;
+        let held = wait_for(
+            "both worker replicas hold slots",
+            Duration::from_secs(20),
+            || {
+                let bucket = bucket.clone();
+                async move {
+                    let value = bucket.get("slots").await.ok()??;
+                    let record: jr_lease::Slots = serde_json::from_slice(&value).ok()?;
+                    let held: Vec<usize> = record.held.values().map(|h| h.slots).collect();
+                    (held.len() == 2 && held.iter().all(|h| *h >= 1)).then_some(held)
+                }
+            },
+        )
+        .await?;
+        println!("{backend}: slots held by the two worker replicas {held:?}");
+        assert!(
+            held.iter().sum::<usize>() <= capacity,
+            "{backend} worker replicas hold {held:?} of {capacity} slots"
+        );
+    }
+
     // 1. The replica fetching for the pod registration.
     let (pod_gap, killed) = kill_fetch_leader(&mut system, "pod").await?;
     println!("pod registration: fetching resumed {pod_gap:?} after its fetching replica died");
