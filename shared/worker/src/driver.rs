@@ -19,9 +19,9 @@ use tokio_util::sync::CancellationToken;
 use crate::backend::{Backend, BackendError, ObservedWorkload, WorkloadSpec, workload_name};
 use crate::error::WorkerError;
 use crate::gate::{Outstanding, ToDriver};
-use crate::ledger::{Entry, Ledger};
+use crate::ledger::Ledger;
 use crate::metrics::{ErrorLabels, WorkerMetrics};
-use crate::replicas::{RENEW_EVERY, Renewal, Replica};
+use crate::replicas::{RENEW_EVERY, Renewal, Replica, taken_over};
 use crate::state::{
     AttemptKey, CreateAnswer, DeleteAnswer, DeliveryId, Effect, Event, Input, StateConfig,
     TicketId, WarmPolicy, WorkerState,
@@ -584,18 +584,9 @@ impl<B: Backend> Driver<B> {
             }
         };
         let pending = std::mem::take(&mut self.pending);
-        let bare = jr_lease::stable_name(&self.replica.name).to_owned();
-        let listed: Vec<ObservedWorkload> = listed
-            .into_iter()
-            .filter(|o| pending.contains(&o.worker))
-            .collect();
-        let entries: Vec<Entry> = entries
-            .into_iter()
-            .filter(|e| match &e.owner {
-                Some(owner) => pending.contains(owner),
-                None => pending.contains(&bare),
-            })
-            .collect();
+        let (listed, entries) = taken_over(listed, entries, self.replica.bare(), |c| {
+            pending.contains(c)
+        });
         tracing::info!(
             creators = ?pending,
             listed = listed.len(),

@@ -16,7 +16,8 @@ use jr_bus::async_nats::jetstream::kv;
 use jr_lease::{Policy, Slots, SlotsRequest, SlotsStep, hold_slots, release_slots, stable_name};
 use jr_protocol::now_ms;
 
-use crate::ledger::SLOTS_KEY;
+use crate::backend::ObservedWorkload;
+use crate::ledger::{Entry, SLOTS_KEY};
 
 /// How long a holding lasts without renewal, and the clock skew allowed between replicas.
 pub const HOLDING_TTL: Duration = Duration::from_secs(6);
@@ -34,6 +35,22 @@ pub(crate) fn policy() -> Policy {
 /// This process's name: the configured worker id and a random suffix.
 pub fn replica_name(worker_id: &str) -> String {
     format!("{worker_id}_{:08x}", rand::random::<u32>())
+}
+
+/// What a process takes over: the listed workloads and the ledger entries of the creators
+/// `of` accepts (an entry written without an owner counts as the bare `worker_id`'s, `bare`).
+pub(crate) fn taken_over(
+    listed: Vec<ObservedWorkload>,
+    entries: Vec<Entry>,
+    bare: &str,
+    of: impl Fn(&str) -> bool,
+) -> (Vec<ObservedWorkload>, Vec<Entry>) {
+    let listed = listed.into_iter().filter(|o| of(&o.worker)).collect();
+    let entries = entries
+        .into_iter()
+        .filter(|e| of(e.owner.as_deref().unwrap_or(bare)))
+        .collect();
+    (listed, entries)
 }
 
 /// The outcome of one renewal.
@@ -82,14 +99,14 @@ impl Replica {
 
     /// Whether this process manages the workloads labelled `creator`: its own, those of the
     /// replicas it took over, and those labelled with the bare worker id (made before
-    /// replicas had names) when no other replica manages those.
+    /// processes had names).
     pub(crate) fn manages(&self, creator: &str) -> bool {
-        self.owns.contains(creator)
-            || (creator == stable_name(&self.name)
-                && self
-                    .record
-                    .owner_of(creator)
-                    .is_none_or(|owner| owner == self.name))
+        self.owns.contains(creator) || creator == self.bare()
+    }
+
+    /// The configured worker id this process runs under.
+    pub(crate) fn bare(&self) -> &str {
+        stable_name(&self.name)
     }
 
     /// The creators taken over from other processes (not this one's own name).
@@ -212,5 +229,72 @@ impl Replica {
         if let Err(error) = self.write(&next, revision).await {
             tracing::warn!(%error, "could not hand the holding over at stop");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::AttemptKey;
+    use jr_protocol::{AssignmentId, WorkloadPhase};
+
+    fn workload(name: &str, worker: &str) -> ObservedWorkload {
+        ObservedWorkload {
+            workload: name.to_owned(),
+            assignment_id: AssignmentId::for_task("https://f", 1),
+            attempt: 1,
+            phase: WorkloadPhase::Running,
+            reason: None,
+            worker: worker.to_owned(),
+        }
+    }
+
+    fn entry(owner: Option<&str>, name: &str) -> Entry {
+        Entry {
+            owner: owner.map(str::to_owned),
+            key: AttemptKey::new(AssignmentId::for_task("https://f", 1), 1),
+            workload: name.to_owned(),
+        }
+    }
+
+    #[test]
+    fn a_takeover_keeps_to_the_creators_taken_over_and_old_entries_go_to_the_bare_id() {
+        let listed = vec![
+            workload("a", "pod-worker_1"),
+            workload("b", "pod-worker-b_2"),
+            workload("c", "pod-worker"),
+        ];
+        let entries = vec![
+            entry(Some("pod-worker_1"), "a"),
+            entry(Some("pod-worker-b_2"), "b"),
+            entry(None, "c"),
+        ];
+        let of = |c: &str| c == "pod-worker_1" || c == "pod-worker";
+        let (listed, entries) = taken_over(listed, entries, "pod-worker", of);
+        let names =
+            |l: &[ObservedWorkload]| l.iter().map(|o| o.workload.clone()).collect::<Vec<_>>();
+        assert_eq!(names(&listed), ["a", "c"]);
+        assert_eq!(
+            entries
+                .iter()
+                .map(|e| e.workload.as_str())
+                .collect::<Vec<_>>(),
+            ["a", "c"]
+        );
+        // Another worker id does not get the entries written without an owner.
+        let (_, entries) = taken_over(vec![], vec![entry(None, "c")], "vm-worker", |c| {
+            c == "vm-worker_9"
+        });
+        assert!(entries.is_empty());
+    }
+
+    #[test]
+    fn replica_names_carry_the_worker_id_and_a_random_part() {
+        let a = replica_name("pod-worker");
+        let b = replica_name("pod-worker");
+        assert_ne!(a, b);
+        assert_eq!(stable_name(&a), "pod-worker");
+        assert_eq!(a.len(), "pod-worker".len() + 9);
+        assert!(policy().ttl_ms > 4 * policy().max_skew_ms);
     }
 }

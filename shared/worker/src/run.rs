@@ -16,7 +16,7 @@ use crate::error::WorkerError;
 use crate::facts::bus_facts;
 use crate::gate::{Outstanding, TicketGate, ToDriver};
 use crate::ledger::Ledger;
-use crate::replicas::{Renewal, Replica, replica_name};
+use crate::replicas::{Renewal, Replica, replica_name, taken_over};
 use crate::state::{AttemptKey, Input};
 
 /// Most assignments one pull of the assignment consumer asks for: as many as free slots allow
@@ -131,15 +131,7 @@ impl<B: Backend> Worker<B> {
         let Some(entries) = until_ok("reading the ledger", &shutdown, || ledger.all()).await else {
             return Ok(());
         };
-        let bare = jr_lease::stable_name(&name).to_owned();
-        let listed: Vec<ObservedWorkload> = listed
-            .into_iter()
-            .filter(|o| replica.manages(&o.worker))
-            .collect();
-        let entries: Vec<crate::ledger::Entry> = entries
-            .into_iter()
-            .filter(|e| replica.manages(e.owner.as_deref().unwrap_or(&bare)))
-            .collect();
+        let (listed, entries) = taken_over(listed, entries, replica.bare(), |c| replica.manages(c));
         ledger.adopt(&entries);
         let remembered: Vec<(AttemptKey, String)> =
             entries.into_iter().map(|e| (e.key, e.workload)).collect();
