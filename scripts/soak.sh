@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Long runs kept out of CI: chaos with several fresh seeds, the issue-sized worker scenarios
 # (500 jobs), 50 scheduler kills between the forge's reply and the PubAck, repeated warm-executor
-# runs under kills, and the worker's
+# runs under kills, repeated runs of the two-replica HA scenario, and the worker's
 # property tests at 10,000 cases per property. Every seed used is printed, so a failure replays
 # with JR_CHAOS_SEED=<seed>.
 #
@@ -27,4 +27,10 @@ done
 # the binding each run.
 for _ in $(seq "${SOAK_WARM_RUNS:-10}"); do
   cargo test -p jr-scenarios --test warm -- --test-threads=1 --nocapture
+done
+# Two replicas of every service, the leaders and the busiest worker replicas killed in turn; and
+# the replica coordination's property tests at many cases.
+PROPTEST_CASES=5000 cargo test -p jr-lease --test properties
+for _ in $(seq "${SOAK_HA_RUNS:-10}"); do
+  cargo test -p jr-scenarios --test ha -- --test-threads=1 --nocapture
 done

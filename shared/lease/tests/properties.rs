@@ -141,7 +141,8 @@ fn run<V>(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(200))]
+    // 256 cases, or PROPTEST_CASES.
+    #![proptest_config(ProptestConfig::default())]
 
     #[test]
     fn two_lease_holders_never_act_at_the_same_real_time(
