@@ -28,9 +28,6 @@ use crate::state::{
 };
 use crate::token::TokenKey;
 
-/// How soon a `delete-workload` for another replica's workload is offered again.
-const FOREIGN_DELETE_RETRY: Duration = Duration::from_millis(300);
-
 #[derive(Clone, Debug)]
 pub struct WorkerSettings {
     pub backend: BackendName,
@@ -394,7 +391,7 @@ pub(crate) struct Driver<B> {
     /// This process's part in sharing the backend's capacity with other replicas.
     pub(crate) replica: Replica,
     /// Workloads other replicas manage (name → creator, and since when known), so a
-    /// `delete-workload` for one goes back for its owner to take.
+    /// `delete-workload` for one is carried out without touching this replica's state.
     foreign: HashMap<String, (String, Instant)>,
     /// Creators taken over, and when (a listing started earlier cannot tell they are done).
     adopted_at: HashMap<String, Instant>,
@@ -521,9 +518,12 @@ impl<B: Backend> Driver<B> {
                 if !self.pending.is_empty() {
                     self.take_over().await;
                 }
-                // Until taken-over workloads are counted, nothing new is filled.
+                // New work only up to an even share: every replica holds at least its share,
+                // so a replica that holds more (it was alone, or took another over) gives the
+                // rest back as its workloads end instead of refilling it. Until taken-over
+                // workloads are counted, nothing new is filled.
                 let fill = if self.pending.is_empty() {
-                    slots
+                    slots.min(self.replica.share())
                 } else {
                     slots.min(self.state.used() + self.state.reserved())
                 };
@@ -602,16 +602,38 @@ impl<B: Backend> Driver<B> {
         self.feed(Input::Adopted { listed, remembered }).await;
     }
 
-    /// A `delete-workload` for a workload another live replica manages: it goes back to the
-    /// stream for that replica to take (both pull the same commands).
-    fn foreign_delete(&self, input: &Input) -> bool {
+    /// The workload of a `delete-workload` that another replica manages.
+    fn foreign_delete(&self, input: &Input) -> Option<String> {
         match input {
             Input::DeleteRequested { workload, .. } => self
                 .foreign
                 .get(workload)
-                .is_some_and(|(creator, _)| !self.manages(creator)),
-            _ => false,
+                .filter(|(creator, _)| !self.manages(creator))
+                .map(|_| workload.clone()),
+            _ => None,
         }
+    }
+
+    /// Deletes another replica's workload for it (replicas pull the same commands, and a
+    /// command sent back to the stream comes back to the same puller): the backend call is
+    /// the same whoever makes it, and the replica that manages the workload reports it
+    /// `released` when it sees it gone (a replica taking a stopped one over does the same at
+    /// adoption). Nothing here touches this replica's state.
+    fn delete_for_owner(&self, workload: String, reply: oneshot::Sender<Disposition>) {
+        let io = self.io.clone();
+        tokio::spawn(async move {
+            let disposition = match io.delete(workload.clone()).await {
+                DeleteAnswer::Deleted => Disposition::Ack,
+                DeleteAnswer::Transient { retry_after } => {
+                    Disposition::Nak(Some(retry_after.unwrap_or(Duration::from_secs(1))))
+                }
+                DeleteAnswer::Refused { message } => {
+                    Disposition::Term(format!("delete refused: {message}"))
+                }
+            };
+            tracing::debug!(%workload, ?disposition, "deleted another replica's workload for it");
+            let _ = reply.send(disposition);
+        });
     }
 
     /// Runs until shutdown: every message, observation, operation outcome and tick becomes an
@@ -645,8 +667,8 @@ impl<B: Backend> Driver<B> {
                         input
                     }
                     ToDriver::Command { input, reply } => {
-                        if self.foreign_delete(&input) {
-                            let _ = reply.send(Disposition::Nak(Some(FOREIGN_DELETE_RETRY)));
+                        if let Some(workload) = self.foreign_delete(&input) {
+                            self.delete_for_owner(workload, reply);
                             continue;
                         }
                         if let Input::DeleteRequested { delivery, .. } = &input {

@@ -23,7 +23,8 @@ pub struct WorkerMetrics {
     pub replicas: Gauge,
     /// Other replicas' workloads this one took over.
     pub takeovers: Counter,
-    /// Workloads held beyond capacity after adoption; no create happens until it is 0.
+    /// Workloads held beyond what this worker may fill (adopted at start, or above its share of
+    /// the capacity after other replicas joined); no create happens until it is 0.
     pub debt: Gauge,
     pub created: Counter,
     pub create_errors: Family<ErrorLabels, Counter>,
@@ -103,7 +104,7 @@ impl WorkerMetrics {
         );
         r.register(
             "slot_debt",
-            "Workloads held beyond capacity (adopted at start); pulling waits until it is 0",
+            "Workloads held beyond what this worker may fill (adopted, or above its replica's share); pulling waits until it is 0",
             self.debt.clone(),
         );
         r.register(

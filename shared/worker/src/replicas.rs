@@ -119,6 +119,12 @@ impl Replica {
         now_ms() < self.usable_until
     }
 
+    /// An even share of the capacity among the live replicas of the last record written.
+    pub(crate) fn share(&self) -> usize {
+        self.record
+            .share(&self.name, self.capacity, now_ms(), &self.policy)
+    }
+
     /// Live replicas in the last record read (this one included).
     pub(crate) fn replicas(&self) -> usize {
         let now = now_ms();

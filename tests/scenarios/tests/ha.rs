@@ -67,6 +67,45 @@ async fn reconciler_leader(system: &System) -> Option<&'static str> {
     leaders.first().copied()
 }
 
+/// Waits until both worker replicas of `backend` hold part of its capacity (one record holds
+/// every replica's share) and checks they hold at most all of it together.
+async fn both_hold_slots(
+    system: &System,
+    backend: &str,
+    capacity: usize,
+) -> anyhow::Result<Vec<usize>> {
+    let nats = async_nats::connect(system.nats.url()).await?;
+    let js = async_nats::jetstream::new(nats);
+    let bucket = js.get_key_value(format!("JR_WORKLOADS_{backend}")).await?;
+    let policy = jr_lease::Policy::new(6_000, 500)?;
+    let held = wait_for(
+        "both worker replicas hold slots",
+        Duration::from_secs(30),
+        || {
+            let bucket = bucket.clone();
+            async move {
+                let value = bucket.get("slots").await.ok()??;
+                let record: jr_lease::Slots = serde_json::from_slice(&value).ok()?;
+                let now = jr_protocol::now_ms();
+                // Holdings of killed processes not taken over yet are not replicas.
+                let held: Vec<usize> = record
+                    .held
+                    .values()
+                    .filter(|h| now < h.expires(&policy))
+                    .map(|h| h.slots)
+                    .collect();
+                (held.len() == 2 && held.iter().all(|h| *h >= 1)).then_some(held)
+            }
+        },
+    )
+    .await?;
+    anyhow::ensure!(
+        held.iter().sum::<usize>() <= capacity,
+        "{backend} worker replicas hold {held:?} of {capacity} slots"
+    );
+    Ok(held)
+}
+
 /// Kills the replica of `kind` ("pod-worker" or "vm-worker") with the most workloads while it
 /// has some, and waits until the other replica has taken it over. Returns the replica killed
 /// and how long the takeover took.
@@ -169,7 +208,14 @@ async fn kill_fetch_leader(
             async move { first }
         },
     )
-    .await?;
+    .await;
+    let resumed = match resumed {
+        Ok(at) => at,
+        Err(e) => {
+            let kept = jr_scenarios::chaos::keep_logs(system, "ha")?;
+            anyhow::bail!("{e} (service logs kept in {})", kept.display());
+        }
+    };
     let gap = resumed.duration_since(killed_at).unwrap_or_default();
     let survivor = fetch_leader(system, registration).await;
     anyhow::ensure!(
@@ -229,30 +275,10 @@ async fn leaders_killed_in_turn_lose_no_job_and_fetching_resumes_within_five_sec
     );
 
     // Worker replicas share their backend's capacity: both hold part of it, never more than
-    // all of it together (one record holds every replica's share).
-    let nats = async_nats::connect(system.nats.url()).await?;
-    let js = async_nats::jetstream::new(nats);
+    // all of it together.
     for (backend, capacity) in [("pod", 8), ("vm", 4)] {
-        let bucket = js.get_key_value(format!("JR_WORKLOADS_{backend}")).await?;
-        let held = wait_for(
-            "both worker replicas hold slots",
-            Duration::from_secs(20),
-            || {
-                let bucket = bucket.clone();
-                async move {
-                    let value = bucket.get("slots").await.ok()??;
-                    let record: jr_lease::Slots = serde_json::from_slice(&value).ok()?;
-                    let held: Vec<usize> = record.held.values().map(|h| h.slots).collect();
-                    (held.len() == 2 && held.iter().all(|h| *h >= 1)).then_some(held)
-                }
-            },
-        )
-        .await?;
+        let held = both_hold_slots(&system, backend, capacity).await?;
         println!("{backend}: slots held by the two worker replicas {held:?}");
-        assert!(
-            held.iter().sum::<usize>() <= capacity,
-            "{backend} worker replicas hold {held:?} of {capacity} slots"
-        );
     }
 
     // 1. The replica fetching for the pod registration.
@@ -292,6 +318,9 @@ async fn leaders_killed_in_turn_lose_no_job_and_fetching_resumes_within_five_sec
     let (killed, took) = kill_busiest_worker(&mut system, "pod-worker").await?;
     println!("pod-worker: {killed} taken over {took:?} after it died");
     system.service(&killed).expect("worker").restart()?;
+    // The restarted replica gets its share back from the one that took everything over.
+    let held = both_hold_slots(&system, "pod", 8).await?;
+    println!("pod: after the restart the replicas hold {held:?}");
     wait_for("more jobs finish", Duration::from_secs(60), || {
         progress(&system, 280)
     })
@@ -306,6 +335,8 @@ async fn leaders_killed_in_turn_lose_no_job_and_fetching_resumes_within_five_sec
     let (killed, took) = kill_busiest_worker(&mut system, "vm-worker").await?;
     println!("vm-worker: {killed} taken over {took:?} after it died");
     system.service(&killed).expect("worker").restart()?;
+    let held = both_hold_slots(&system, "vm", 4).await?;
+    println!("vm: after the restart the replicas hold {held:?}");
 
     let kept = jr_scenarios::chaos::keep_logs(&system, "ha")?;
     println!("service logs kept in {}", kept.display());
