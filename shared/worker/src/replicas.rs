@@ -37,6 +37,48 @@ pub fn replica_name(worker_id: &str) -> String {
     format!("{worker_id}_{:08x}", rand::random::<u32>())
 }
 
+/// Whether process `me`, owning `owns`, manages the workloads labelled `creator` by `record` at
+/// `now` (see [`Replica::manages`]).
+fn manages(
+    me: &str,
+    owns: &BTreeSet<String>,
+    record: &Slots,
+    creator: &str,
+    now: u64,
+    policy: &Policy,
+) -> bool {
+    if owns.contains(creator) {
+        return true;
+    }
+    if is_process_name(creator) {
+        // Another process's, or taken over by another.
+        return false;
+    }
+    if creator == stable_name(me) {
+        return true;
+    }
+    // No process name: made by a worker from before processes had names, or by something
+    // else entirely (an orphan the reconciler must hear of). The replica of that worker id
+    // manages it if one lives, else the live replica first by name.
+    let live: Vec<&String> = record
+        .held
+        .iter()
+        .filter(|(name, h)| name.as_str() == me || now < h.expires(policy))
+        .map(|(name, _)| name)
+        .collect();
+    if live.iter().any(|name| stable_name(name) == creator) {
+        return false;
+    }
+    live.first().is_none_or(|first| first.as_str() == me)
+}
+
+/// Whether `creator` is a process name (`<worker_id>_<8 hex digits>`).
+pub(crate) fn is_process_name(creator: &str) -> bool {
+    creator.rsplit_once('_').is_some_and(|(id, suffix)| {
+        !id.is_empty() && suffix.len() == 8 && suffix.bytes().all(|b| b.is_ascii_hexdigit())
+    })
+}
+
 /// What a process takes over: the listed workloads and the ledger entries of the creators
 /// `of` accepts (an entry written without an owner counts as the bare `worker_id`'s, `bare`).
 pub(crate) fn taken_over(
@@ -98,10 +140,18 @@ impl Replica {
     }
 
     /// Whether this process manages the workloads labelled `creator`: its own, those of the
-    /// replicas it took over, and those labelled with the bare worker id (made before
-    /// processes had names).
+    /// replicas it took over, those labelled with its bare worker id (made before processes
+    /// had names), and those without a process name of a worker id no live replica has (no
+    /// label at all, say) if it is the live replica first by name.
     pub(crate) fn manages(&self, creator: &str) -> bool {
-        self.owns.contains(creator) || creator == self.bare()
+        manages(
+            &self.name,
+            &self.owns,
+            &self.record,
+            creator,
+            now_ms(),
+            &self.policy,
+        )
     }
 
     /// The configured worker id this process runs under.
@@ -295,6 +345,54 @@ mod tests {
     }
 
     #[test]
+    fn workloads_without_a_process_name_go_to_their_worker_id_or_the_first_live_replica() {
+        let p = policy();
+        let holding = |owns: &[&str]| jr_lease::Holding {
+            slots: 1,
+            renewed_at: 1_000,
+            ttl_ms: p.ttl_ms,
+            owns: owns.iter().map(|s| s.to_string()).collect(),
+        };
+        let record = Slots {
+            held: [
+                (
+                    "a-worker_00000001".to_owned(),
+                    holding(&["a-worker_00000001", "c-worker_00000003"]),
+                ),
+                (
+                    "b-worker_00000002".to_owned(),
+                    holding(&["b-worker_00000002"]),
+                ),
+            ]
+            .into(),
+        };
+        let owns = |me: &str| record.held[me].owns.clone();
+        let check = |me: &str, creator: &str| manages(me, &owns(me), &record, creator, 2_000, &p);
+        // Process names: only their owner.
+        assert!(check("a-worker_00000001", "c-worker_00000003"));
+        assert!(!check("b-worker_00000002", "c-worker_00000003"));
+        assert!(!check("a-worker_00000001", "b-worker_00000002"));
+        // A bare worker id: the replica of that id.
+        assert!(check("b-worker_00000002", "b-worker"));
+        assert!(!check("a-worker_00000001", "b-worker"));
+        // No label, or a worker id no live replica has: the first live replica by name.
+        for orphan in ["", "old-worker"] {
+            assert!(check("a-worker_00000001", orphan));
+            assert!(!check("b-worker_00000002", orphan));
+        }
+        // Once a's holding expired, b is the first live one.
+        let later = 1_000 + p.ttl_ms + p.max_skew_ms;
+        assert!(manages(
+            "b-worker_00000002",
+            &owns("b-worker_00000002"),
+            &record,
+            "",
+            later,
+            &p
+        ));
+    }
+
+    #[test]
     fn replica_names_carry_the_worker_id_and_a_random_part() {
         let a = replica_name("pod-worker");
         let b = replica_name("pod-worker");
@@ -302,5 +400,9 @@ mod tests {
         assert_eq!(stable_name(&a), "pod-worker");
         assert_eq!(a.len(), "pod-worker".len() + 9);
         assert!(policy().ttl_ms > 4 * policy().max_skew_ms);
+        assert!(is_process_name(&a));
+        for bare in ["pod-worker", "", "pod_worker", "x_1234567"] {
+            assert!(!is_process_name(bare), "{bare}");
+        }
     }
 }
