@@ -193,14 +193,6 @@ impl Slots {
         self.held.get(me).map_or(0, |h| h.slots)
     }
 
-    /// The replica that manages workloads labelled `creator`, if any does.
-    pub fn owner_of(&self, creator: &str) -> Option<&str> {
-        self.held
-            .iter()
-            .find(|(_, h)| h.owns.contains(creator))
-            .map(|(name, _)| name.as_str())
-    }
-
     /// An even share of `capacity` among the replicas holding at `now` (`me` counted even
     /// before its first write), rounded up.
     pub fn share(&self, me: &str, capacity: usize, now: u64, policy: &Policy) -> usize {
@@ -393,6 +385,15 @@ mod tests {
         ));
     }
 
+    /// The replica whose holding owns `creator`, if any.
+    fn owner_of<'a>(record: &'a Slots, creator: &str) -> Option<&'a str> {
+        record
+            .held
+            .iter()
+            .find(|(_, h)| h.owns.contains(creator))
+            .map(|(name, _)| name.as_str())
+    }
+
     /// A write of `me` wanting `want` of 10 slots at `now`; panics on `Lost`.
     fn write(
         record: &Slots,
@@ -443,7 +444,7 @@ mod tests {
         let (taken, b, adopted) = write(&record, "w2_b", 6, 200 + 10_000 + 500, true);
         assert_eq!((b, taken.held.len()), (10, 1));
         assert_eq!(adopted, BTreeSet::from(["w1_a".to_owned()]));
-        assert_eq!(taken.owner_of("w1_a"), Some("w2_b"));
+        assert_eq!(owner_of(&taken, "w1_a"), Some("w2_b"));
         // The process of a that comes back finds itself taken over.
         let none = BTreeSet::new();
         let req = SlotsRequest {
@@ -476,7 +477,7 @@ mod tests {
         let SlotsStep::Write { record, slots, .. } = hold_slots(&taken, &req, &p) else {
             panic!("b holds");
         };
-        assert_eq!((slots, record.owner_of("w1_a")), (6, None));
+        assert_eq!((slots, owner_of(&record, "w1_a")), (6, None));
     }
 
     #[test]
@@ -486,7 +487,7 @@ mod tests {
         let (record, slots, adopted) = write(&record, "pod-worker_2", 1, 1_000, false);
         assert_eq!(slots, 4, "the earlier process's slots come along");
         assert_eq!(adopted, BTreeSet::from(["pod-worker_1".to_owned()]));
-        assert_eq!(record.owner_of("pod-worker_1"), Some("pod-worker_2"));
+        assert_eq!(owner_of(&record, "pod-worker_1"), Some("pod-worker_2"));
         assert_eq!(
             record.of("other_9"),
             3,
