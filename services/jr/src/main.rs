@@ -11,6 +11,9 @@
 //! - `jr status`, `jr job ID|TASK`, `jr quarantine list` read the reconciler's status API
 //!   (`--status-url`, `JR_STATUS_URL`): slots and queues per backend and provider, one job's
 //!   timeline, the quarantined messages. Each prints text, or the API's JSON with `--json`.
+//!
+//! Options (`--server`, `--user`, `--password`, `--status-url`, `--forge`, `--json`) are
+//! accepted anywhere on the command line, before or after the subcommand and its arguments.
 
 use std::io::Read;
 use std::process::ExitCode;
@@ -21,8 +24,27 @@ use clap::{Parser, Subcommand};
 #[derive(Parser)]
 #[command(name = "jr", version, about = "jetrunner admin tool")]
 struct Cli {
+    #[command(flatten)]
+    options: Options,
     #[command(subcommand)]
     command: Command,
+}
+
+/// Options every subcommand accepts, anywhere on the command line (`jr provider drain pod west
+/// --server URL` and `jr --server URL provider drain pod west` are the same), as with `nats` and
+/// `kubectl`. A subcommand ignores those it has no use for.
+#[derive(clap::Args, Clone)]
+struct Options {
+    #[command(flatten)]
+    nats: NatsArgs,
+    #[command(flatten)]
+    api: StatusArgs,
+    /// The forge URL as configured (`forge.url`), to find a job by its forge task id.
+    #[arg(long, env = "JR_FORGE_URL", global = true)]
+    forge: Option<String>,
+    /// Print JSON instead of text.
+    #[arg(long, global = true)]
+    json: bool,
 }
 
 #[derive(Subcommand)]
@@ -40,32 +62,20 @@ enum Command {
     },
     /// Read or set the burst tier's run-time switch.
     Burst {
-        #[command(flatten)]
-        nats: NatsArgs,
         #[command(subcommand)]
         action: BurstAction,
     },
     /// Drain a provider (nothing new placed there; running work finishes) or undo it.
     Provider {
-        #[command(flatten)]
-        nats: NatsArgs,
         #[command(subcommand)]
         action: ProviderAction,
     },
     /// Slots, queue and states per backend and provider, the burst switch, quarantine count.
-    Status {
-        #[command(flatten)]
-        api: StatusArgs,
-    },
+    Status,
     /// One job's timeline: an assignment id, or a forge task id with `--forge`.
     Job {
         /// Assignment id (UUID) or forge task id (a number; needs `--forge`).
         job: String,
-        /// The forge URL as configured (`forge.url`), to find a job by its forge task id.
-        #[arg(long, env = "JR_FORGE_URL")]
-        forge: Option<String>,
-        #[command(flatten)]
-        api: StatusArgs,
     },
     /// Messages the projection could not use.
     Quarantine {
@@ -77,20 +87,19 @@ enum Command {
 #[derive(Subcommand)]
 enum QuarantineAction {
     /// The count and the most recent entries, newest first.
-    List {
-        #[command(flatten)]
-        api: StatusArgs,
-    },
+    List,
 }
 
 #[derive(clap::Args, Clone)]
 struct StatusArgs {
     /// Base URL of the reconciler's status endpoint (`reconciler.status_listen`).
-    #[arg(long, env = "JR_STATUS_URL", default_value = "http://127.0.0.1:8090")]
+    #[arg(
+        long,
+        env = "JR_STATUS_URL",
+        default_value = "http://127.0.0.1:8090",
+        global = true
+    )]
     status_url: String,
-    /// Print the API's JSON instead of text.
-    #[arg(long)]
-    json: bool,
 }
 
 /// GET `path` of the status API as JSON; the API's own error message when it refuses.
@@ -122,9 +131,9 @@ fn print_json(value: &serde_json::Value) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn status(api: StatusArgs) -> anyhow::Result<()> {
-    let body = status_get(&api, "/api/status").await?;
-    if api.json {
+async fn status(options: &Options) -> anyhow::Result<()> {
+    let body = status_get(&options.api, "/api/status").await?;
+    if options.json {
         return print_json(&body);
     }
     print!("{}", render_status(&body));
@@ -208,10 +217,10 @@ fn assignment_id(job: &str, forge: Option<&str>) -> anyhow::Result<jr_protocol::
     Ok(jr_protocol::AssignmentId::for_task(forge, task))
 }
 
-async fn job(job: String, forge: Option<String>, api: StatusArgs) -> anyhow::Result<()> {
-    let id = assignment_id(&job, forge.as_deref())?;
-    let body = status_get(&api, &format!("/api/assignments/{id}")).await?;
-    if api.json {
+async fn job(job: &str, options: &Options) -> anyhow::Result<()> {
+    let id = assignment_id(job, options.forge.as_deref())?;
+    let body = status_get(&options.api, &format!("/api/assignments/{id}")).await?;
+    if options.json {
         return print_json(&body);
     }
     print!("{}", render_timeline(&body));
@@ -246,10 +255,10 @@ fn render_timeline(body: &serde_json::Value) -> String {
     out
 }
 
-async fn quarantine(action: QuarantineAction) -> anyhow::Result<()> {
-    let QuarantineAction::List { api } = action;
-    let body = status_get(&api, "/api/quarantine").await?;
-    if api.json {
+async fn quarantine(action: &QuarantineAction, options: &Options) -> anyhow::Result<()> {
+    let QuarantineAction::List = action;
+    let body = status_get(&options.api, "/api/quarantine").await?;
+    if options.json {
         return print_json(&body);
     }
     print!("{}", render_quarantine(&body));
@@ -279,34 +288,14 @@ fn render_quarantine(body: &serde_json::Value) -> String {
 
 #[derive(Subcommand)]
 enum ProviderAction {
-    Drain {
-        backend: String,
-        provider: String,
-        /// Print the switch as set, as JSON.
-        #[arg(long)]
-        json: bool,
-    },
-    Undrain {
-        backend: String,
-        provider: String,
-        /// Print the switch as set, as JSON.
-        #[arg(long)]
-        json: bool,
-    },
+    Drain { backend: String, provider: String },
+    Undrain { backend: String, provider: String },
 }
 
-async fn provider(nats: NatsArgs, action: ProviderAction) -> anyhow::Result<()> {
-    let (backend, name, drained, json) = match action {
-        ProviderAction::Drain {
-            backend,
-            provider,
-            json,
-        } => (backend, provider, true, json),
-        ProviderAction::Undrain {
-            backend,
-            provider,
-            json,
-        } => (backend, provider, false, json),
+async fn provider(action: ProviderAction, options: &Options) -> anyhow::Result<()> {
+    let (backend, name, drained) = match action {
+        ProviderAction::Drain { backend, provider } => (backend, provider, true),
+        ProviderAction::Undrain { backend, provider } => (backend, provider, false),
     };
     for (what, text) in [("backend", &backend), ("provider", &name)] {
         anyhow::ensure!(
@@ -317,14 +306,14 @@ async fn provider(nats: NatsArgs, action: ProviderAction) -> anyhow::Result<()> 
             "{text:?} is not a {what} name"
         );
     }
-    let js = connect(&nats).await?;
+    let js = connect(&options.nats).await?;
     let store = placement_store(&js).await?;
     let key = format!("drain.{backend}.{name}");
     store
         .put(key.as_str(), if drained { "on" } else { "off" }.into())
         .await
         .map_err(|e| anyhow::anyhow!("writing {key}: {e}"))?;
-    if json {
+    if options.json {
         println!(
             "{}",
             serde_json::json!({ "backend": backend, "provider": name, "key": key, "drained": drained })
@@ -346,7 +335,7 @@ async fn connect(nats: &NatsArgs) -> anyhow::Result<jr_bus::async_nats::jetstrea
         options = options.user_and_password(user, password);
     }
     let client = options
-        .connect(nats.server.as_str())
+        .connect(jr_bus::server_urls(&nats.server).as_slice())
         .await
         .map_err(|e| anyhow::anyhow!("cannot connect to NATS at {}: {e}", nats.server))?;
     Ok(async_nats::jetstream::new(client))
@@ -370,41 +359,38 @@ async fn placement_store(
     }
 }
 
-#[derive(clap::Args)]
+#[derive(clap::Args, Clone)]
 struct NatsArgs {
-    /// NATS server URL.
-    #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222")]
+    /// NATS server URL (several, comma-separated, for a cluster).
+    #[arg(
+        long,
+        env = "NATS_URL",
+        default_value = "nats://127.0.0.1:4222",
+        global = true
+    )]
     server: String,
     /// NATS user allowed to write the KV bucket JR_PLACEMENT (e.g. `admin`).
-    #[arg(long, env = "NATS_USER")]
+    #[arg(long, env = "NATS_USER", global = true)]
     user: Option<String>,
-    #[arg(long, env = "NATS_PASSWORD")]
+    #[arg(long, env = "NATS_PASSWORD", global = true)]
     password: Option<String>,
 }
 
 #[derive(Subcommand)]
 enum BurstAction {
     /// Print the switch and what the workers make of it.
-    Show {
-        /// One JSON object instead of text.
-        #[arg(long)]
-        json: bool,
-    },
+    Show,
     /// Set the switch: off, on, on:<0-100> or <0-100>% (anything else is refused here; a
     /// value written another way that workers cannot read counts as off).
-    Set {
-        value: String,
-        /// Print the switch as set, as JSON.
-        #[arg(long)]
-        json: bool,
-    },
+    Set { value: String },
 }
 
-async fn burst(nats: NatsArgs, action: BurstAction) -> anyhow::Result<()> {
+async fn burst(action: BurstAction, options: &Options) -> anyhow::Result<()> {
     let bucket = jr_bus::permissions::PLACEMENT_BUCKET;
-    let js = connect(&nats).await?;
+    let js = connect(&options.nats).await?;
+    let json = options.json;
     match action {
-        BurstAction::Show { json } => {
+        BurstAction::Show => {
             let raw = match js.get_key_value(bucket).await {
                 Ok(store) => store
                     .get("burst")
@@ -445,7 +431,7 @@ async fn burst(nats: NatsArgs, action: BurstAction) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        BurstAction::Set { value, json } => {
+        BurstAction::Set { value } => {
             let (setting, warning) = jr_placement::parse_burst(&value);
             if let Some(w) = warning {
                 anyhow::bail!(
@@ -510,23 +496,21 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let result = match cli.command {
+    let Cli { options, command } = Cli::parse();
+    let result = match command {
         Command::Decode { file } => decode(file),
         Command::Health { url, timeout_secs } => {
             runtime().and_then(|rt| rt.block_on(health(&url, Duration::from_secs(timeout_secs))))
         }
-        Command::Burst { nats, action } => {
-            runtime().and_then(|rt| rt.block_on(burst(nats, action)))
+        Command::Burst { action } => runtime().and_then(|rt| rt.block_on(burst(action, &options))),
+        Command::Provider { action } => {
+            runtime().and_then(|rt| rt.block_on(provider(action, &options)))
         }
-        Command::Provider { nats, action } => {
-            runtime().and_then(|rt| rt.block_on(provider(nats, action)))
+        Command::Status => runtime().and_then(|rt| rt.block_on(status(&options))),
+        Command::Job { job: j } => runtime().and_then(|rt| rt.block_on(job(&j, &options))),
+        Command::Quarantine { action } => {
+            runtime().and_then(|rt| rt.block_on(quarantine(&action, &options)))
         }
-        Command::Status { api } => runtime().and_then(|rt| rt.block_on(status(api))),
-        Command::Job { job: j, forge, api } => {
-            runtime().and_then(|rt| rt.block_on(job(j, forge, api)))
-        }
-        Command::Quarantine { action } => runtime().and_then(|rt| rt.block_on(quarantine(action))),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -73,6 +73,10 @@ pub struct DispatchStats {
     /// Most FetchTask calls in flight at once under one registration (always 1 here; the
     /// figure proves it).
     pub max_in_flight: AtomicU64,
+    /// Times a full `JR_ASSIGNMENTS` stream paused intake.
+    pub stream_full: AtomicU64,
+    /// Tasks fetched that wait for room in a full `JR_ASSIGNMENTS` stream now.
+    pub intake_blocked: AtomicU64,
     pub in_flight: AtomicU64,
 }
 
@@ -80,6 +84,24 @@ pub struct DispatchStats {
 pub enum FetchError {
     #[error("the forge no longer knows this runner: {0}")]
     Unregistered(#[source] jr_forge::ForgeError),
+}
+
+/// A stream's limits and fill for a log line: `12/12 messages, 3.1 KiB/1.0 MiB, discard new`.
+async fn stream_limits_text(bus: &Bus, stream: &str) -> String {
+    match bus.jetstream().get_stream(stream).await {
+        Ok(mut s) => match s.info().await {
+            Ok(info) => format!(
+                "{}/{} messages, {}/{} bytes, discard {:?}",
+                info.state.messages,
+                info.config.max_messages,
+                info.state.bytes,
+                info.config.max_bytes,
+                info.config.discard
+            ),
+            Err(e) => format!("limits unknown: {e}"),
+        },
+        Err(e) => format!("limits unknown: {e}"),
+    }
 }
 
 fn jittered(base: Duration) -> Duration {
@@ -193,7 +215,7 @@ impl Dispatcher {
                     %backend,
                 );
                 match tracing::Instrument::instrument(
-                    self.bus.publish_retrying(&subject, &envelope, shutdown),
+                    self.publish_assignment(forge, task.id, &subject, &envelope, shutdown),
                     job,
                 )
                 .await
@@ -211,6 +233,10 @@ impl Dispatcher {
                             Instant::now(),
                         );
                         tracing::info!(task = task.id, assignment = %envelope.assignment_id, %backend, seq = outcome.stream_seq, "assignment dispatched");
+                    }
+                    Err(jr_bus::BusError::ShutDown) if !shutdown.is_cancelled() => {
+                        // The forge ended the task while it waited for room (see
+                        // `publish_assignment`): nothing to run.
                     }
                     Err(jr_bus::BusError::ShutDown) => tracing::warn!(
                         task = task.id,
@@ -237,6 +263,85 @@ impl Dispatcher {
                     .await;
             }
         }
+    }
+
+    /// Publishes an assignment through transient failures. A full `JR_ASSIGNMENTS` stream is
+    /// backpressure: the task waits here (kept alive at the forge, so no reaper fails it) and
+    /// this registration fetches nothing more until the stream takes it, logged once with the
+    /// stream's limits and counted (`jetrunner_scheduler_intake_blocked`). Returns
+    /// [`jr_bus::BusError::ShutDown`] without shutdown when the forge ended the task meanwhile.
+    async fn publish_assignment(
+        &self,
+        forge: &jr_forge::ForgeClient,
+        task_id: i64,
+        subject: &str,
+        envelope: &Envelope,
+        shutdown: &CancellationToken,
+    ) -> Result<jr_bus::PublishOutcome, jr_bus::BusError> {
+        let mut backoff = jr_bus::Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
+        let mut full_since: Option<Instant> = None;
+        let mut next_keepalive = Instant::now() + self.unclaimed.interval();
+        let result = loop {
+            if shutdown.is_cancelled() {
+                break Err(jr_bus::BusError::ShutDown);
+            }
+            let error = match self.bus.publish(subject, envelope).await {
+                Ok(outcome) => break Ok(outcome),
+                Err(e) if !e.is_transient() => break Err(e),
+                Err(e) => e,
+            };
+            if error.publish_failure() == Some(jr_bus::PublishFailure::StreamFull) {
+                if full_since.is_none() {
+                    full_since = Some(Instant::now());
+                    self.stats.stream_full.fetch_add(1, Ordering::Relaxed);
+                    self.stats.intake_blocked.fetch_add(1, Ordering::AcqRel);
+                    let limits = stream_limits_text(&self.bus, STREAM_ASSIGNMENTS).await;
+                    tracing::error!(
+                        stream = STREAM_ASSIGNMENTS,
+                        limits = %limits,
+                        task = task_id,
+                        "stream {STREAM_ASSIGNMENTS} is full ({limits}): intake paused, this task \
+                         waits (kept alive at the forge) and the rest stay queued there until the \
+                         stream has room (messages age out, or raise nats.streams limits)"
+                    );
+                }
+                if Instant::now() >= next_keepalive {
+                    next_keepalive = Instant::now() + self.unclaimed.interval();
+                    match crate::forge_report::keepalive(forge, task_id).await {
+                        Ok(Some(result)) => {
+                            tracing::info!(
+                                task = task_id,
+                                ?result,
+                                "the forge ended a task waiting for room in {STREAM_ASSIGNMENTS}; dropped"
+                            );
+                            break Err(jr_bus::BusError::ShutDown);
+                        }
+                        Ok(None) => {}
+                        Err(e) => {
+                            tracing::warn!(task = task_id, error = %e, "keepalive of a task waiting for room failed")
+                        }
+                    }
+                }
+            } else {
+                tracing::warn!(task = task_id, error = %error, "publishing the assignment failed; retrying");
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => break Err(jr_bus::BusError::ShutDown),
+                () = tokio::time::sleep(backoff.next_delay()) => {}
+            }
+        };
+        if let Some(since) = full_since {
+            self.stats.intake_blocked.fetch_sub(1, Ordering::AcqRel);
+            if result.is_ok() {
+                tracing::info!(
+                    stream = STREAM_ASSIGNMENTS,
+                    task = task_id,
+                    waited_ms = since.elapsed().as_millis() as u64,
+                    "stream {STREAM_ASSIGNMENTS} has room again: intake resumes"
+                );
+            }
+        }
+        result
     }
 
     async fn report_unroutable(

@@ -107,6 +107,16 @@ impl Forges {
             RegistrationLayout::Shared => {
                 let backends: Vec<BackendName> =
                     config.enabled_backends().map(|(n, _)| n).collect();
+                if backends.len() > 1 {
+                    let names: Vec<&str> = backends.iter().map(BackendName::as_str).collect();
+                    tracing::warn!(
+                        backends = %names.join(","),
+                        "one shared forge registration serves several backends: it fetches only while \
+                         every one of them has room, so a full backend pauses fetching for all of them \
+                         (jobs wait at the forge, none is lost); forge.registration = \"per-backend\" \
+                         lets each backend fetch at its own pace"
+                    );
+                }
                 let (client, capabilities) = establish_declared(
                     forge,
                     &RunnerIdentity::shared(forge),

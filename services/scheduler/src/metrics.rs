@@ -87,6 +87,23 @@ impl<L: Ledger> Collector for SchedulerCollector<L> {
         }
         counter(
             e,
+            "scheduler_intake_stream_full",
+            "Times a full JR_ASSIGNMENTS stream paused intake (backpressure, nothing failed)",
+            d.stream_full.load(Ordering::Relaxed),
+        )?;
+        {
+            let blocked = i64::try_from(d.intake_blocked.load(Ordering::Relaxed)).unwrap_or(0);
+            let g = ConstGauge::new(blocked);
+            let metric = e.encode_descriptor(
+                "scheduler_intake_blocked",
+                "Fetched tasks waiting for room in a full JR_ASSIGNMENTS stream (intake paused)",
+                None,
+                g.metric_type(),
+            )?;
+            g.encode(metric)?;
+        }
+        counter(
+            e,
             "scheduler_fetch_takeovers",
             "Times this replica took over fetching for a registration (its lease)",
             d.takeovers.load(Ordering::Relaxed),

@@ -58,10 +58,17 @@ pub struct BackendRoom {
     pub waiting: Option<u64>,
 }
 
-/// How many tasks a registration may take now: over its backends, the lookahead not yet used
-/// by assignments waiting for a slot. A backend whose worker takes everything at once has
-/// nothing waiting, so it gets its full lookahead every time: fetching then runs at the pace
-/// the worker frees slots, and never more than `lookahead` jobs wait per backend.
+/// How many tasks a registration may take now. For one backend: its lookahead not yet used by
+/// assignments waiting for a slot. A backend whose worker takes everything at once has nothing
+/// waiting, so it gets its full lookahead every time: fetching then runs at the pace the worker
+/// frees slots, and never more than `lookahead` jobs wait for it.
+///
+/// A registration that serves several backends does not know which of them the next task the
+/// forge hands out will need, so it may take only what *every* one of them has room for: the
+/// smallest room, never the sum (a sum lets an idle backend's room fetch jobs for a full one,
+/// which then wait unclaimed until the forge's zombie reaper fails them). A backend without a
+/// readable worker consumer has no room, so it pauses the whole registration. No backends: no
+/// room.
 pub fn room(backends: &[BackendRoom]) -> usize {
     backends
         .iter()
@@ -71,7 +78,8 @@ pub fn room(backends: &[BackendRoom]) -> usize {
                 .saturating_sub(usize::try_from(waiting).unwrap_or(usize::MAX)),
             None => 0,
         })
-        .sum()
+        .min()
+        .unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -118,7 +126,7 @@ mod tests {
     }
 
     #[test]
-    fn room_is_the_unused_lookahead_of_backends_with_a_worker() {
+    fn room_of_one_backend_is_its_unused_lookahead() {
         let b = |lookahead, waiting| BackendRoom { lookahead, waiting };
         assert_eq!(room(&[b(2, Some(0))]), 2);
         assert_eq!(room(&[b(2, Some(1))]), 1);
@@ -126,6 +134,59 @@ mod tests {
         assert_eq!(room(&[b(2, Some(40))]), 0);
         // No worker consumer: nothing is taken for that backend.
         assert_eq!(room(&[b(2, None)]), 0);
-        assert_eq!(room(&[b(2, None), b(3, Some(1))]), 2);
+        assert_eq!(room(&[]), 0);
+    }
+
+    #[test]
+    fn a_shared_registration_takes_only_what_every_backend_has_room_for() {
+        let b = |lookahead, waiting| BackendRoom { lookahead, waiting };
+        // Both idle: the smaller lookahead.
+        assert_eq!(room(&[b(2, Some(0)), b(3, Some(0))]), 2);
+        assert_eq!(room(&[b(3, Some(1)), b(3, Some(0))]), 2);
+        // A full Pod backend with an idle VM backend: the forge may hand out a Pod job next, so
+        // nothing is fetched (summing gave 2 here, and again after every Pod job fetched).
+        assert_eq!(room(&[b(2, Some(2)), b(2, Some(0))]), 0);
+        assert_eq!(room(&[b(2, Some(124)), b(2, Some(0))]), 0);
+        // A backend without a worker pauses the whole registration.
+        assert_eq!(room(&[b(2, None), b(3, Some(0))]), 0);
+        assert_eq!(room(&[b(2, Some(0)), b(3, None)]), 0);
+    }
+
+    #[test]
+    fn waiting_jobs_of_a_shared_registration_stay_within_the_lookahead_whatever_the_forge_hands_out()
+     {
+        // The measured case: Pod and VM backends, lookahead 2 each, no slot ever freed, and a
+        // forge that hands out only Pod jobs. Fetch as long as the rule gives room.
+        let mut waiting = [0_u64, 0];
+        let mut fetched = 0;
+        loop {
+            let now = [
+                BackendRoom {
+                    lookahead: 2,
+                    waiting: Some(waiting[0]),
+                },
+                BackendRoom {
+                    lookahead: 2,
+                    waiting: Some(waiting[1]),
+                },
+            ];
+            let take = room(&now);
+            if take == 0 || fetched >= 150 {
+                break;
+            }
+            waiting[0] += take as u64;
+            fetched += take;
+        }
+        assert_eq!(
+            waiting,
+            [2, 0],
+            "only the lookahead waits for the full backend"
+        );
+        // A registration per backend asks only for its own backend's room.
+        let own = room(&[BackendRoom {
+            lookahead: 2,
+            waiting: Some(0),
+        }]);
+        assert_eq!(own, 2);
     }
 }

@@ -46,6 +46,11 @@ pub struct Unclaimed {
 }
 
 impl Unclaimed {
+    /// `forge.keepalive_interval`.
+    pub fn interval(&self) -> Duration {
+        self.interval
+    }
+
     pub fn new(interval: Duration) -> Self {
         Self {
             interval,

@@ -50,6 +50,16 @@ fn server_error_kind(error: &async_nats::ServerError) -> &'static str {
     }
 }
 
+/// The servers of `url`: one URL, or several separated by commas (the nodes of a cluster), as
+/// the NATS CLI takes them. The client connects to any of them and learns the rest of the
+/// cluster from the server it reaches.
+pub fn server_urls(url: &str) -> Vec<&str> {
+    url.split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .collect()
+}
+
 /// A connection to NATS with its JetStream context. Cheap to clone; all clones share one
 /// connection, which reconnects forever in the background.
 #[derive(Clone)]
@@ -126,10 +136,13 @@ impl Bus {
             Some(Credentials::Token(token)) => options.token(token),
             Some(Credentials::NKeySeed(seed)) => options.nkey(seed),
         };
-        let client = options.connect(url).await.map_err(|e| BusError::Connect {
-            url: url.to_owned(),
-            source: Box::new(e),
-        })?;
+        let client = options
+            .connect(server_urls(url).as_slice())
+            .await
+            .map_err(|e| BusError::Connect {
+                url: url.to_owned(),
+                source: Box::new(e),
+            })?;
         let js = jetstream::new(client.clone());
         Ok(Bus {
             client,
@@ -184,5 +197,17 @@ impl Bus {
             self.client.connection_state(),
             async_nats::connection::State::Connected
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_url_list_names_every_node_of_a_cluster() {
+        assert_eq!(super::server_urls("nats://a:4222"), vec!["nats://a:4222"]);
+        assert_eq!(
+            super::server_urls("nats://a:4222, nats://b:4222,nats://c:4222,"),
+            vec!["nats://a:4222", "nats://b:4222", "nats://c:4222"]
+        );
     }
 }

@@ -14,6 +14,10 @@ pub enum PublishFailure {
     Disconnected,
     /// Too many PubAcks outstanding on this client.
     Backpressure,
+    /// The stream reached a limit (`max_msgs`, `max_bytes`, per-subject limit) and discards new
+    /// messages, or the server's JetStream storage is exhausted. Backpressure: the same publish
+    /// lands once space frees (messages age out, an operator raises the limit).
+    StreamFull,
     /// The server refused an expectation header (e.g. `Nats-Expected-Last-Subject-Sequence`).
     WrongLastSequence,
     /// Anything else (oversized message, invalid subject, server error code).
@@ -27,6 +31,7 @@ impl PublishFailure {
             PublishFailure::NoResponders => "no-responders",
             PublishFailure::Disconnected => "disconnected",
             PublishFailure::Backpressure => "backpressure",
+            PublishFailure::StreamFull => "stream-full",
             PublishFailure::WrongLastSequence => "wrong-last-sequence",
             PublishFailure::Other => "other",
         }
@@ -37,7 +42,8 @@ impl PublishFailure {
             PublishFailure::Timeout
             | PublishFailure::NoResponders
             | PublishFailure::Disconnected
-            | PublishFailure::Backpressure => true,
+            | PublishFailure::Backpressure
+            | PublishFailure::StreamFull => true,
             PublishFailure::WrongLastSequence | PublishFailure::Other => false,
         }
     }

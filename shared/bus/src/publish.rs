@@ -42,6 +42,7 @@ fn failure_of(error: &PublishError) -> PublishFailure {
         PublishErrorKind::BrokenPipe => PublishFailure::Disconnected,
         PublishErrorKind::MaxAckPending => PublishFailure::Backpressure,
         PublishErrorKind::WrongLastSequence => PublishFailure::WrongLastSequence,
+        PublishErrorKind::Other if refused_for_space(error) => PublishFailure::StreamFull,
         PublishErrorKind::WrongLastMessageId
         | PublishErrorKind::MaxPayloadExceeded
         | PublishErrorKind::Other => PublishFailure::Other,
@@ -51,6 +52,26 @@ fn failure_of(error: &PublishError) -> PublishFailure {
             reason = "PublishErrorKind is not exhaustive upstream"
         )]
         _ => PublishFailure::Other,
+    }
+}
+
+/// True when the server refused the message for want of space: the stream's own limits with
+/// `discard: new` (error 10077, "maximum messages exceeded", "maximum bytes exceeded", "maximum
+/// messages per subject exceeded") or the account's or server's JetStream storage (10023, 10047,
+/// 10002).
+fn refused_for_space(error: &PublishError) -> bool {
+    use async_nats::jetstream::ErrorCode;
+    let Some(server) = std::error::Error::source(error)
+        .and_then(|source| source.downcast_ref::<async_nats::jetstream::Error>())
+    else {
+        return false;
+    };
+    match server.error_code() {
+        ErrorCode::STREAM_STORE_FAILED => server.to_string().contains("maximum"),
+        ErrorCode::INSUFFICIENT_RESOURCES
+        | ErrorCode::STORAGE_RESOURCES_EXCEEDED
+        | ErrorCode::ACCOUNT_RESOURCES_EXCEEDED => true,
+        _ => false,
     }
 }
 

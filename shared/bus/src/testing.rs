@@ -7,7 +7,96 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+mod cluster;
+
+pub use cluster::NatsCluster;
+
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The NATS a test system runs on: one server, or a three-node JetStream cluster.
+pub enum TestNats {
+    Single(NatsServer),
+    Cluster(NatsCluster),
+}
+
+impl TestNats {
+    /// The URL services are configured with: one server's, or every node's comma-separated.
+    pub fn url(&self) -> String {
+        match self {
+            TestNats::Single(s) => s.url(),
+            TestNats::Cluster(c) => c.urls(),
+        }
+    }
+
+    /// The client port of the (first) server.
+    pub fn port(&self) -> u16 {
+        match self {
+            TestNats::Single(s) => s.port(),
+            TestNats::Cluster(c) => c.port(0),
+        }
+    }
+
+    /// The monitoring URL of the (first) server.
+    pub fn monitor_url(&self) -> String {
+        match self {
+            TestNats::Single(s) => s.monitor_url(),
+            TestNats::Cluster(c) => c.monitor_url(0),
+        }
+    }
+
+    /// The monitoring URL of every server.
+    pub fn monitor_urls(&self) -> Vec<String> {
+        match self {
+            TestNats::Single(s) => vec![s.monitor_url()],
+            TestNats::Cluster(c) => (0..c.len()).map(|i| c.monitor_url(i)).collect(),
+        }
+    }
+
+    /// Every server's log so far.
+    pub fn log(&self) -> String {
+        match self {
+            TestNats::Single(s) => s.log(),
+            TestNats::Cluster(c) => c.log(),
+        }
+    }
+
+    /// SIGKILL of the server, or of every node of the cluster.
+    pub fn kill(&mut self) {
+        match self {
+            TestNats::Single(s) => s.kill(),
+            TestNats::Cluster(c) => (0..c.len()).for_each(|i| c.kill(i)),
+        }
+    }
+
+    /// Starts what [`Self::kill`] stopped again, with the same ports and stores.
+    pub async fn restart(&mut self) -> std::io::Result<()> {
+        match self {
+            TestNats::Single(s) => s.restart().await,
+            TestNats::Cluster(c) => {
+                for i in 0..c.len() {
+                    c.restart(i).await?;
+                }
+                c.wait_for_meta_leader(Duration::from_secs(30))
+                    .await
+                    .map(|_| ())
+            }
+        }
+    }
+
+    pub fn cluster(&self) -> Option<&NatsCluster> {
+        match self {
+            TestNats::Cluster(c) => Some(c),
+            TestNats::Single(_) => None,
+        }
+    }
+
+    pub fn cluster_mut(&mut self) -> Option<&mut NatsCluster> {
+        match self {
+            TestNats::Cluster(c) => Some(c),
+            TestNats::Single(_) => None,
+        }
+    }
+}
 
 pub struct NatsServer {
     port: u16,
@@ -49,11 +138,42 @@ fn random_password() -> String {
         .collect()
 }
 
-fn free_port() -> std::io::Result<u16> {
+/// Fresh users for every service of a deployment with `backends` plus the full-rights `admin`
+/// that connections without credentials are, and the server configuration text declaring them.
+pub(crate) fn service_users(backends: &[jr_protocol::BackendName]) -> (ServiceUsers, String) {
+    use crate::permissions::{NatsUser, Password, Role, authorization_block};
+    let users = ServiceUsers {
+        services: Role::all(backends)
+            .into_iter()
+            .map(|role| (role, random_password()))
+            .collect(),
+        admin: "admin".to_owned(),
+    };
+    let mut list: Vec<NatsUser> = users
+        .services
+        .iter()
+        .map(|(role, password)| {
+            NatsUser::service(role, backends, Password::Literal(password.clone()))
+        })
+        .collect();
+    list.push(NatsUser {
+        user: users.admin.clone(),
+        password: Password::Literal(random_password()),
+        permissions: None,
+    });
+    let text = format!(
+        "{}no_auth_user: {}\n",
+        authorization_block(&list),
+        users.admin
+    );
+    (users, text)
+}
+
+pub(crate) fn free_port() -> std::io::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-fn healthy(monitor_port: u16) -> bool {
+pub(crate) fn healthy(monitor_port: u16) -> bool {
     let addr = SocketAddr::from(([127, 0, 0, 1], monitor_port));
     let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
         return false;
@@ -91,33 +211,9 @@ impl NatsServer {
     pub async fn start_with_users(
         backends: &[jr_protocol::BackendName],
     ) -> std::io::Result<(NatsServer, ServiceUsers)> {
-        use crate::permissions::{NatsUser, Password, Role, authorization_block};
-        let users = ServiceUsers {
-            services: Role::all(backends)
-                .into_iter()
-                .map(|role| (role, random_password()))
-                .collect(),
-            admin: "admin".to_owned(),
-        };
-        let mut list: Vec<NatsUser> = users
-            .services
-            .iter()
-            .map(|(role, password)| {
-                NatsUser::service(role, backends, Password::Literal(password.clone()))
-            })
-            .collect();
-        list.push(NatsUser {
-            user: users.admin.clone(),
-            password: Password::Literal(random_password()),
-            permissions: None,
-        });
+        let (users, text) = service_users(backends);
         let dir = tempfile::tempdir()?;
         let config = dir.path().join("nats.conf");
-        let text = format!(
-            "{}no_auth_user: {}\n",
-            authorization_block(&list),
-            users.admin
-        );
         std::fs::write(&config, text)?;
         let mut server = NatsServer {
             port: free_port()?,

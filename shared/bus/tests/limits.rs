@@ -31,7 +31,14 @@ async fn a_full_stream_refuses_new_messages_and_keeps_the_old_ones() {
     let refused = bus
         .publish(&subject_of(ids[3]), &released(ids[3], "m-3"))
         .await;
-    assert!(refused.is_err(), "a fourth message was stored: {refused:?}");
+    let refused = refused.expect_err("a fourth message was stored");
+    // Backpressure, not failure: callers retry the same message until space frees.
+    assert_eq!(
+        refused.publish_failure(),
+        Some(jr_bus::PublishFailure::StreamFull),
+        "{refused}"
+    );
+    assert!(refused.is_transient(), "{refused}");
     // Nothing was discarded to make room: the first message is still there.
     let first = bus
         .last_on_subject(STREAM_EVENTS, &subject_of(ids[0]))
@@ -56,6 +63,69 @@ async fn a_full_stream_refuses_new_messages_and_keeps_the_old_ones() {
         info.discard,
         jr_bus::async_nats::jetstream::stream::DiscardPolicy::New
     );
+}
+
+#[tokio::test]
+async fn a_refused_message_lands_once_the_limit_is_raised() {
+    let (_server, bus) = server_and_bus().await;
+    let one = StreamLimits {
+        events: StreamLimit {
+            max_messages: 1,
+            max_bytes: 1 << 20,
+        },
+        ..StreamLimits::default()
+    };
+    bus.ensure_topology(&Topology::new().stream_limits(one))
+        .await
+        .expect("limits applied");
+    let (a, b) = (new_assignment(), new_assignment());
+    let subject_of = |id| subject::event(&common::pod(), id, jr_protocol::Kind::Released);
+    bus.publish(&subject_of(a), &released(a, "a"))
+        .await
+        .expect("room for one");
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let retrying = tokio::spawn({
+        let bus = bus.clone();
+        let shutdown = shutdown.clone();
+        async move {
+            bus.publish_retrying(&subject_of(b), &released(b, "b"), &shutdown)
+                .await
+        }
+    });
+    // The retry loop keeps trying while the stream is full ...
+    common::eventually(
+        "the full stream refused a publish",
+        std::time::Duration::from_secs(10),
+        || {
+            let refused = jr_bus::BusMetrics::value(
+                &bus.metrics().publish_errors,
+                &[("failure", "stream-full")],
+            );
+            async move { refused > 0 }
+        },
+    )
+    .await;
+    assert!(
+        !retrying.is_finished(),
+        "the publish gave up on a full stream"
+    );
+    // ... and lands once an operator raises the limit.
+    let raised = StreamLimits {
+        events: StreamLimit {
+            max_messages: 10,
+            max_bytes: 1 << 20,
+        },
+        ..StreamLimits::default()
+    };
+    bus.ensure_topology(&Topology::new().stream_limits(raised))
+        .await
+        .expect("limits raised");
+    let outcome = tokio::time::timeout(std::time::Duration::from_secs(30), retrying)
+        .await
+        .expect("the publish lands after the limit is raised")
+        .expect("task")
+        .expect("published");
+    assert!(!outcome.duplicate);
 }
 
 #[test]

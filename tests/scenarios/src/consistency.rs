@@ -119,7 +119,7 @@ pub async fn check_projection(
     database_url: &str,
     timeout: Duration,
 ) -> anyhow::Result<ConsistencyReport> {
-    let client = async_nats::connect(nats_url)
+    let client = async_nats::connect(jr_bus::server_urls(nats_url).as_slice())
         .await
         .context("connecting to NATS")?;
     let js = jetstream::new(client);

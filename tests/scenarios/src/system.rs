@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use jr_bus::permissions::{BackendName, Role};
-use jr_bus::testing::{NatsServer, ServiceUsers};
+use jr_bus::testing::{NatsCluster, NatsServer, ServiceUsers, TestNats};
 use jr_fake_executor::{ExecutorConfig, run_one_shot, run_one_shot_on};
 use jr_fake_forge::{FakeForge, JobSpec, Outcome, Status, StopCause};
 use jr_fake_kube::{FakeKube, FaultRule, SimConfig};
@@ -75,6 +75,11 @@ pub struct SystemSpec {
     /// `forge.registration = "shared"`: one runner fetches for both backends (default: one
     /// runner per backend).
     pub shared_registration: bool,
+    /// The layout a user migrating from an existing runner has: the harness registers one runner
+    /// at the forge first (as an earlier act_runner did) and the configuration gives only its
+    /// `forge.runner_uuid`/`runner_token`, no registration token and no `forge.registration`
+    /// (so the shared layout is chosen automatically). Implies one registration for both backends.
+    pub premade_runner: bool,
     /// A second replica of every service (`scheduler-b`, `reconciler-b`, `pod-worker-b`,
     /// `vm-worker-b`).
     /// Executors then reach the two facades through a harness TCP proxy on `ports.facade`, as
@@ -83,6 +88,9 @@ pub struct SystemSpec {
     /// `[backend.<name>.warm] min_idle` of both backends (0: no warm executors). The end
     /// invariants then expect exactly this many idle warm executors per backend and nothing else.
     pub warm_idle: usize,
+    /// NATS is a three-node JetStream cluster on loopback and the streams have three replicas
+    /// (`nats.stream_replicas = 3`); services get every node's URL.
+    pub nats_cluster: bool,
 }
 
 impl Default for SystemSpec {
@@ -113,8 +121,10 @@ impl Default for SystemSpec {
             pod_executor_in_process: false,
             executor_poll: Duration::from_millis(100),
             shared_registration: false,
+            premade_runner: false,
             standbys: false,
             warm_idle: 0,
+            nats_cluster: false,
         }
     }
 }
@@ -152,7 +162,7 @@ pub struct System {
     pub dir: tempfile::TempDir,
     /// Runs with the services' least-privilege users; connections without credentials (the
     /// harness, scenario checks) are its full-rights user.
-    pub nats: NatsServer,
+    pub nats: TestNats,
     pub nats_users: ServiceUsers,
     pub pg: PgCluster,
     pub database_url: String,
@@ -277,9 +287,17 @@ impl System {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let dir = tempfile::Builder::new().prefix("jr-system-").tempdir()?;
         let backends = [BackendName::new("pod")?, BackendName::new("vm")?];
-        let (nats, nats_users) = NatsServer::start_with_users(&backends)
-            .await
-            .context("starting nats-server (need ≥ 2.10 on PATH)")?;
+        let (nats, nats_users) = if spec.nats_cluster {
+            let (cluster, users) = NatsCluster::start_with_users(&backends)
+                .await
+                .context("starting a three-node nats-server cluster (need ≥ 2.10 on PATH)")?;
+            (TestNats::Cluster(cluster), users)
+        } else {
+            let (server, users) = NatsServer::start_with_users(&backends)
+                .await
+                .context("starting nats-server (need ≥ 2.10 on PATH)")?;
+            (TestNats::Single(server), users)
+        };
         let pg = PgCluster::start().await.context("starting PostgreSQL")?;
         pg.create_database("jetrunner").await?;
         let database_url = pg.url("jetrunner");
@@ -295,6 +313,11 @@ impl System {
             ..Default::default()
         })
         .await?;
+        let premade = if spec.premade_runner {
+            Some(register_premade_runner(forge.url()).await?)
+        } else {
+            None
+        };
         let clients = ExecutorClients::new(spec.executor_poll);
         let pod_runner = if spec.pod_executor_in_process {
             in_process_pod_runner(clients.clone())
@@ -342,6 +365,7 @@ impl System {
             &kube.url(),
             &sandbox.base_url(),
             &dir.path().join("runner.json").display().to_string(),
+            premade.as_ref(),
         );
         let warm = if spec.warm_idle > 0 {
             format!(
@@ -467,9 +491,13 @@ impl System {
     /// Every service is connected to NATS as its own user (not as the full-rights user that
     /// connections without credentials get), as the server's `/connz` reports.
     pub async fn check_nats_users(&self) -> anyhow::Result<()> {
-        let url = format!("{}/connz?auth=true&limit=1024", self.nats.monitor_url());
-        let connz: serde_json::Value = reqwest::get(&url).await?.json().await?;
-        let connections = connz["connections"].as_array().cloned().unwrap_or_default();
+        // Each server reports only its own clients: gather them from every node.
+        let mut connections = Vec::new();
+        for monitor in self.nats.monitor_urls() {
+            let url = format!("{monitor}/connz?auth=true&limit=1024");
+            let connz: serde_json::Value = reqwest::get(&url).await?.json().await?;
+            connections.extend(connz["connections"].as_array().cloned().unwrap_or_default());
+        }
         for (service, user) in [
             ("scheduler", "scheduler"),
             ("pod-worker", "pod-worker"),
@@ -918,11 +946,29 @@ fn config_toml(
     kube: &str,
     sandbox: &str,
     credentials: &str,
+    premade: Option<&jr_forge::Credentials>,
 ) -> String {
     let secs = |d: Duration| format!("{}ms", d.as_millis());
+    // An existing runner's credentials select the shared layout by themselves; otherwise the
+    // scheduler registers with the token, in the layout the spec asks for.
+    let registration = match premade {
+        Some(c) => format!(
+            "runner_uuid = \"{}\"\nrunner_token = \"{}\"",
+            c.uuid, c.token
+        ),
+        None => format!(
+            "registration_token = \"scenario-registration-token\"\nregistration = \"{}\"",
+            if spec.shared_registration {
+                "shared"
+            } else {
+                "per-backend"
+            }
+        ),
+    };
     format!(
         r#"[nats]
 url = "{nats}"
+stream_replicas = {replicas}
 
 [database]
 url = "{database}"
@@ -930,14 +976,13 @@ url = "{database}"
 [forge]
 url = "{forge}"
 runner_name = "jetrunner-scenario"
-registration_token = "scenario-registration-token"
+{registration}
 credentials_file = "{credentials}"
 poll_interval = "{poll}"
 max_backoff = "2s"
 flavor = "{flavor}"
 task_capacity = {task_capacity}
 keepalive_interval = "{keepalive}"
-registration = "{registration}"
 
 [facade]
 listen = "127.0.0.1:{facade}"
@@ -998,12 +1043,8 @@ log_format = "json"
         flavor = spec.forge_flavor,
         task_capacity = spec.task_capacity,
         keepalive = secs(spec.keepalive),
-        registration = if spec.shared_registration {
-            "shared"
-        } else {
-            "per-backend"
-        },
         lookahead = spec.lookahead,
+        replicas = if spec.nats_cluster { 3 } else { 1 },
         facade = ports.facade,
         pod_capacity = spec.pod_capacity,
         vm_capacity = spec.vm_capacity,
@@ -1034,6 +1075,27 @@ log_format = "json"
             .map(|d| format!(", create_timeout = \"{}\"", secs(d)))
             .unwrap_or_default(),
     )
+}
+
+/// Registers a runner at the forge as an earlier act_runner would have (its own labels, which
+/// the scheduler's `Declare` replaces), for [`SystemSpec::premade_runner`].
+async fn register_premade_runner(forge_url: &str) -> anyhow::Result<jr_forge::Credentials> {
+    let client = jr_forge::ForgeClient::new(forge_url, None, Duration::from_secs(10))?;
+    let reply = client
+        .register(&jr_forge::proto::runner::v1::RegisterRequest {
+            name: "existing-runner".into(),
+            token: "scenario-registration-token".into(),
+            version: "v0.2.11".into(),
+            labels: vec!["self-hosted".into()],
+            ..Default::default()
+        })
+        .await
+        .context("registering the pre-made runner")?;
+    let runner = reply.runner.context("Register answered no runner")?;
+    Ok(jr_forge::Credentials {
+        uuid: runner.uuid,
+        token: runner.token,
+    })
 }
 
 /// What a scenario left on the fake backends (see [`System::workloads_left`]).

@@ -1,5 +1,6 @@
 //! Forge pacing with the whole system: a backlog longer than the forge's zombie timeout
-//! succeeds, at most one FetchTask per registration is in flight and racing picks hide no job,
+//! succeeds with a registration per backend and with one existing runner shared by both
+//! backends, on Gitea and on Forgejo, at most one FetchTask per registration is in flight and racing picks hide no job,
 //! Forgejo's request key survives a scheduler killed between the forge's reply and the PubAck,
 //! and a job cancelled while it waits never runs. Needs `cargo build --workspace --bins` first.
 
@@ -46,56 +47,80 @@ fn jobs_not_succeeded(snapshot: &jr_fake_forge::Snapshot) -> Vec<(jr_fake_forge:
         .collect()
 }
 
-fn task_ids_running(system: &System) -> Vec<i64> {
-    system
-        .forge
-        .snapshot()
-        .tasks
-        .iter()
-        .filter(|t| t.status == Status::Running)
-        .map(|t| t.id)
-        .collect()
+/// How the scheduler is registered at the forge in a backlog run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Layout {
+    /// One runner per backend, registered by the scheduler (the default).
+    PerBackend,
+    /// One runner for both backends from an existing runner's uuid and token (the migration
+    /// path): the forge may hand out a job of either backend to every fetch.
+    SharedPremade,
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_backlog_longer_than_the_zombie_timeout_succeeds_and_only_what_can_start_is_fetched()
--> anyhow::Result<()> {
-    let (pod, vm) = (4, 2);
+/// A backlog of 150 jobs of 1.5 s (90 Pod jobs, then two Pod jobs for every VM job, in that
+/// order at the forge) at Pod capacity 4 and VM capacity 2, with the forge's zombie reaper at 20 s: nothing is
+/// reaped, every job succeeds, at most one FetchTask of a runner is in flight, and per backend
+/// at most `2 × capacity + lookahead` tasks are fetched but not yet claimed at any sample.
+async fn backlog_run(layout: Layout, forgejo: bool) -> anyhow::Result<()> {
+    let (pod, vm, lookahead) = (4_usize, 2_usize, 2_usize);
     let mut system = System::start(SystemSpec {
         pod_capacity: pod,
         vm_capacity: vm,
         vm_pool: Some(vm + 2),
+        lookahead,
+        forge_flavor: if forgejo { "forgejo" } else { "gitea" },
+        task_capacity: if forgejo { 3 } else { 1 },
         forge_behaviour: jr_fake_forge::Behaviour {
             zombie_timeout: Duration::from_secs(20),
+            forgejo,
+            error_style: if forgejo {
+                jr_fake_forge::ErrorStyle::Forgejo
+            } else {
+                jr_fake_forge::ErrorStyle::Gitea
+            },
             ..Default::default()
         },
         keepalive: Duration::from_secs(5),
+        premade_runner: layout == Layout::SharedPremade,
         ..Default::default()
     })
     .await?;
     let claims = watch_claims(&system);
-    system.enqueue("pod", 100, &[("JR_FAKE_DURATION_MS", "1500")]);
-    system.enqueue("vm", 50, &[("JR_FAKE_DURATION_MS", "1500")]);
-    // Fetched but not claimed, from the forge's own view and the claims on the bus, sampled
-    // every 250 ms until every job is final.
-    let bound = 2 * (pod + vm) + 4;
-    let mut max_unclaimed = 0;
-    let deadline = Instant::now() + Duration::from_secs(240);
+    // First a run of Pod jobs only (the VM backend idle meanwhile: the case in which a room
+    // summed over backends fetched everything at once), then both kinds mixed.
+    system.enqueue("pod", 90, &[("JR_FAKE_DURATION_MS", "1500")]);
+    for _ in 0..20 {
+        system.enqueue("pod", 2, &[("JR_FAKE_DURATION_MS", "1500")]);
+        system.enqueue("vm", 1, &[("JR_FAKE_DURATION_MS", "1500")]);
+    }
+    // Fetched but not claimed per backend, from the forge's own view and the claims on the
+    // bus, sampled every 250 ms until every job is final.
+    let capacity = [("pod", pod), ("vm", vm)];
+    let mut max_unclaimed = [0_usize; 2];
+    let deadline = Instant::now() + Duration::from_secs(300);
     while !system.forge.all_final() {
         anyhow::ensure!(
             Instant::now() < deadline,
             "jobs not final in time\n{}",
             system.logs()
         );
-        let running = task_ids_running(&system);
+        let snapshot = system.forge.snapshot();
         let claimed = claims.lock().map(|c| c.clone()).unwrap_or_default();
-        let unclaimed = running.iter().filter(|t| !claimed.contains(t)).count();
-        max_unclaimed = max_unclaimed.max(unclaimed);
+        for (i, (label, _)) in capacity.iter().enumerate() {
+            let unclaimed = snapshot
+                .tasks
+                .iter()
+                .filter(|t| t.status == Status::Running && !claimed.contains(&t.id))
+                .filter(|t| {
+                    snapshot
+                        .job(t.job_id)
+                        .is_some_and(|j| j.runs_on.iter().any(|l| l == label))
+                })
+                .count();
+            max_unclaimed[i] = max_unclaimed[i].max(unclaimed);
+        }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    println!(
-        "fetched-but-unclaimed: max {max_unclaimed} (bound {bound}), 150 jobs of 1.5 s, zombie timeout 20 s"
-    );
     let snapshot = system.forge.snapshot();
     let reaped: Vec<i64> = snapshot
         .tasks
@@ -103,17 +128,49 @@ async fn a_backlog_longer_than_the_zombie_timeout_succeeds_and_only_what_can_sta
         .filter(|t| matches!(t.stop_cause, Some(StopCause::Zombie | StopCause::Endless)))
         .map(|t| t.id)
         .collect();
+    let live_runners: Vec<_> = snapshot.runners.iter().filter(|r| !r.deleted).collect();
+    println!(
+        "{layout:?} on {}: fetched-but-unclaimed max pod {} (bound {}), vm {} (bound {}); \
+         {} reaped; {} runner(s); 150 jobs of 1.5 s, zombie timeout 20 s",
+        if forgejo { "Forgejo" } else { "Gitea" },
+        max_unclaimed[0],
+        2 * pod + lookahead,
+        max_unclaimed[1],
+        2 * vm + lookahead,
+        reaped.len(),
+        live_runners.len(),
+    );
+    match layout {
+        Layout::SharedPremade => {
+            // The scheduler used the existing runner and registered none of its own.
+            assert_eq!(live_runners.len(), 1, "{live_runners:?}");
+            let uuid = &live_runners[0].uuid;
+            assert!(
+                snapshot.tasks.iter().all(|t| &t.runner_uuid == uuid),
+                "every task went to the pre-made runner"
+            );
+        }
+        Layout::PerBackend => assert_eq!(live_runners.len(), 2, "{live_runners:?}"),
+    }
     assert!(
         reaped.is_empty(),
-        "tasks failed by the forge's reaper: {reaped:?}"
+        "{} tasks failed by the forge's reaper: {reaped:?}",
+        reaped.len()
     );
     let not_success = jobs_not_succeeded(&snapshot);
     assert!(not_success.is_empty(), "{not_success:?}");
+    for (i, (label, cap)) in capacity.iter().enumerate() {
+        let bound = 2 * cap + lookahead;
+        assert!(
+            max_unclaimed[i] <= bound,
+            "{} fetched-but-unclaimed {label} tasks, more than {bound}",
+            max_unclaimed[i]
+        );
+    }
     assert!(
-        max_unclaimed <= bound,
-        "{max_unclaimed} fetched-but-unclaimed tasks, more than {bound}"
+        max_unclaimed.iter().any(|m| *m > 0),
+        "the sampler saw waiting tasks at all"
     );
-    assert!(max_unclaimed > 0, "the sampler saw waiting tasks at all");
     assert!(
         snapshot.faults.max_concurrent_fetches <= 1,
         "{} FetchTask calls of one runner at once",
@@ -123,6 +180,30 @@ async fn a_backlog_longer_than_the_zombie_timeout_succeeds_and_only_what_can_sta
     let violations = system.violations();
     assert!(violations.is_empty(), "{violations:?}");
     Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_backlog_longer_than_the_zombie_timeout_succeeds_with_a_registration_per_backend_on_gitea()
+-> anyhow::Result<()> {
+    backlog_run(Layout::PerBackend, false).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_backlog_longer_than_the_zombie_timeout_succeeds_with_a_registration_per_backend_on_forgejo()
+-> anyhow::Result<()> {
+    backlog_run(Layout::PerBackend, true).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_backlog_longer_than_the_zombie_timeout_succeeds_with_an_existing_shared_runner_on_gitea()
+-> anyhow::Result<()> {
+    backlog_run(Layout::SharedPremade, false).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_backlog_longer_than_the_zombie_timeout_succeeds_with_an_existing_shared_runner_on_forgejo()
+-> anyhow::Result<()> {
+    backlog_run(Layout::SharedPremade, true).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
