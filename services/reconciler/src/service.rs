@@ -98,7 +98,7 @@ pub async fn run(p: Process) -> anyhow::Result<()> {
         .replicas(p.config.nats.stream_replicas)
         .stream_limits(jr_service::stream_limits(&p.config.nats));
     p.bus
-        .ensure_topology(&topology)
+        .ensure_topology_retrying(&topology, &shutdown)
         .await
         .context("declaring streams")?;
     ensure_bucket(

@@ -37,6 +37,7 @@ pub async fn open_bucket(bus: &Bus) -> Result<kv::Store, KeyStoreError> {
             .create_key_value(kv::Config {
                 bucket: BUCKET.to_owned(),
                 history: 1,
+                num_replicas: bus.replicas(),
                 ..Default::default()
             })
             .await

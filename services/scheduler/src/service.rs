@@ -115,11 +115,12 @@ pub async fn run(
     let sealer = Arc::new(sealer_from_config(&config)?);
     let tls = tls_from_config(&config)?;
     let commands = ConsumerSpec::scheduler_commands();
-    bus.ensure_topology(
+    bus.ensure_topology_retrying(
         &Topology::new()
             .replicas(config.nats.stream_replicas)
             .stream_limits(jr_service::stream_limits(&config.nats))
             .consumer(commands.clone()),
+        &shutdown,
     )
     .await
     .context("declaring streams and consumers")?;

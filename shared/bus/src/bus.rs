@@ -1,5 +1,6 @@
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_nats::jetstream;
 use tokio::sync::watch;
@@ -73,7 +74,12 @@ pub struct Bus {
     /// direct get: needed only when streams have replicas, where a direct get may be answered
     /// by a follower that has not stored a fact acknowledged a moment ago.
     pub(crate) leader_reads: bool,
+    /// Replicas of the KV buckets this service creates (`nats.stream_replicas`).
+    pub(crate) replicas: usize,
 }
+
+/// How often an idle connection pings its server (see [`Bus::connect`]).
+pub const PING_INTERVAL: Duration = Duration::from_secs(4);
 
 impl Bus {
     /// Connects to `url` as client `name`. Returns at once even if the server is not reachable
@@ -105,6 +111,10 @@ impl Bus {
             .custom_inbox_prefix(inbox_prefix)
             .retry_on_initial_connect()
             .max_reconnects(None)
+            // A stalled server (paused process, partition) keeps the TCP connection open; two
+            // unanswered pings mark it stale and the client moves to another server of the
+            // cluster within about three intervals, instead of the default's two minutes.
+            .ping_interval(PING_INTERVAL)
             .event_callback(move |event| {
                 let connections = on_event.clone();
                 let metrics = event_metrics.clone();
@@ -150,6 +160,7 @@ impl Bus {
             metrics,
             connections,
             leader_reads: false,
+            replicas: 1,
         })
     }
 
@@ -160,6 +171,20 @@ impl Bus {
     pub fn with_leader_reads(mut self, on: bool) -> Bus {
         self.leader_reads = on;
         self
+    }
+
+    /// Replicas of the streams and of the KV buckets this service creates (R3 on a JetStream
+    /// cluster); also turns on leader reads above 1 (see [`Bus::with_leader_reads`]).
+    #[must_use]
+    pub fn with_replicas(mut self, replicas: usize) -> Bus {
+        self.replicas = replicas.max(1);
+        self.leader_reads = self.replicas > 1;
+        self
+    }
+
+    /// What [`Bus::with_replicas`] set: the `num_replicas` of a KV bucket created here.
+    pub fn replicas(&self) -> usize {
+        self.replicas
     }
 
     /// Wraps an existing client (tests, or a caller with special connect options). Without
@@ -174,6 +199,7 @@ impl Bus {
             metrics: Arc::new(BusMetrics::default()),
             connections,
             leader_reads: false,
+            replicas: 1,
         }
     }
 

@@ -291,6 +291,9 @@ where
     }
 }
 
+/// How long past a pull request's expiry a gated pull waits before it asks again.
+const PULL_EXPIRY_MARGIN: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Gated: gate permits and handler slots (up to `pull_batch`, at least one of each), then a pull
 /// of one message per permit. The permits are held across empty pulls until a pull brings at
 /// least one message; those left when that pull ends are given back.
@@ -349,10 +352,19 @@ where
                 },
             };
             let mut brought = 0_usize;
+            // The server ends the request at its expiry; past that (and a margin) nothing will
+            // come: the server holding it is gone (a consumer leader that was killed or stalled
+            // while this client stays connected elsewhere), so ask again.
+            let forgotten = tokio::time::sleep(opts.pull_expires + PULL_EXPIRY_MARGIN);
+            tokio::pin!(forgotten);
             loop {
                 let next = tokio::select! {
                     () = shutdown.cancelled() => return Exit::Shutdown,
                     next = batch.next() => next,
+                    () = &mut forgotten => {
+                        tracing::debug!(consumer = %ctx.name, "pull request outlived its expiry; pulling again");
+                        continue 'pull;
+                    }
                     // A reconnection loses the pull request at the server; ask again at once
                     // (with the permits still held) rather than waiting for its expiry.
                     Ok(()) = connections.changed() => continue 'pull,

@@ -275,9 +275,10 @@ fn stream_error_is_transient(kind: &jetstream::context::CreateStreamErrorKind) -
         K::JetStreamUnavailable | K::TimedOut | K::Response | K::ResponseParse | K::NotFound => {
             true
         }
-        K::EmptyStreamName | K::InvalidStreamName | K::DomainAndExternalSet | K::JetStream(_) => {
-            false
-        }
+        // A cluster electing its meta leader or missing a peer answers with these until it
+        // has formed again (at start, after a node loss).
+        K::JetStream(e) => cluster_forming(e),
+        K::EmptyStreamName | K::InvalidStreamName | K::DomainAndExternalSet => false,
     }
 }
 
@@ -285,8 +286,22 @@ fn consumer_error_is_transient(kind: &jetstream::stream::ConsumerErrorKind) -> b
     use jetstream::stream::ConsumerErrorKind as K;
     match kind {
         K::TimedOut | K::Request | K::Other => true,
-        K::InvalidConsumerType | K::InvalidName | K::JetStream(_) => false,
+        K::JetStream(e) => cluster_forming(e),
+        K::InvalidConsumerType | K::InvalidName => false,
     }
+}
+
+/// JetStream errors of a cluster that has no quorum or meta leader for the moment.
+fn cluster_forming(error: &jetstream::Error) -> bool {
+    use jetstream::ErrorCode as C;
+    matches!(
+        error.error_code(),
+        C::CLUSTER_NOT_AVAILABLE
+            | C::CLUSTER_NO_PEERS
+            | C::CLUSTER_INCOMPLETE
+            | C::RAFT_GENERAL
+            | C::INSUFFICIENT_RESOURCES
+    )
 }
 
 impl Bus {
@@ -311,6 +326,20 @@ impl Bus {
             self.ensure_consumer(spec).await?;
         }
         Ok(())
+    }
+
+    /// [`Bus::ensure_topology`] retried through transient failures (NATS not reachable yet, a
+    /// cluster without a meta leader, request timeouts while leaders move) until it succeeds,
+    /// fails for good, or `shutdown` fires.
+    pub async fn ensure_topology_retrying(
+        &self,
+        topology: &Topology,
+        shutdown: &tokio_util::sync::CancellationToken,
+    ) -> Result<(), BusError> {
+        crate::retry::retry_transient("declaring streams and consumers", shutdown, || {
+            self.ensure_topology(topology)
+        })
+        .await
     }
 
     /// Creates or updates one durable consumer and returns a handle to it.

@@ -129,7 +129,7 @@ where
         .await
     {
         // With replicated streams a direct get may come from a follower that lags behind.
-        Ok(b) => b.with_leader_reads(config.nats.stream_replicas > 1),
+        Ok(b) => b.with_replicas(config.nats.stream_replicas),
         Err(e) => {
             tracing::error!(error = %e, "cannot connect to NATS");
             return ExitCode::FAILURE;

@@ -910,10 +910,17 @@ impl<B: Backend> Worker<B> {
         )
     }
 
-    pub(crate) async fn ensure_topology(&self) -> Result<(), WorkerError> {
+    pub(crate) async fn ensure_topology(
+        &self,
+        shutdown: &CancellationToken,
+    ) -> Result<(), WorkerError> {
         let (assignments, commands) = Self::topology(&self.settings.backend);
+        let topology = Topology::new()
+            .replicas(self.bus.replicas())
+            .consumer(assignments)
+            .consumer(commands);
         self.bus
-            .ensure_topology(&Topology::new().consumer(assignments).consumer(commands))
+            .ensure_topology_retrying(&topology, shutdown)
             .await?;
         Ok(())
     }

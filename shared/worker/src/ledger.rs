@@ -85,6 +85,7 @@ impl Ledger {
                 bucket: bucket.clone(),
                 description: "workloads the worker replicas announced and have not released, and their shared capacity".into(),
                 history: 1,
+                num_replicas: bus.replicas(),
                 ..Default::default()
             })
             .await
@@ -171,6 +172,7 @@ pub(crate) async fn open_warm_bindings(
                 .into(),
             history: 1,
             max_age: jr_bus::warm::BINDING_MAX_AGE,
+            num_replicas: bus.replicas(),
             ..Default::default()
         })
         .await

@@ -87,7 +87,7 @@ impl<B: Backend> Worker<B> {
         shutdown: CancellationToken,
     ) -> Result<(), WorkerError> {
         self.metrics.slots_total.set(self.settings.capacity as i64);
-        self.ensure_topology().await?;
+        self.ensure_topology(&shutdown).await?;
         let backend_name = self.settings.backend.clone();
         // This process's name: workloads it creates carry it, and replicas share capacity
         // under it.
