@@ -258,6 +258,11 @@ async fn project(
         })
         .await?;
     let mut messages = consumer.messages().await?;
+    let mut handle = handle;
+    // Idle while the stream holds more than was committed: since when, and when it was last
+    // looked at (see `STALLED_AFTER`).
+    let mut ahead_since: Option<tokio::time::Instant> = None;
+    let mut looked = tokio::time::Instant::now();
     loop {
         // Take what is there now, up to a batch; wait briefly for the first message only.
         let mut batch: Vec<StreamMessage> = Vec::new();
@@ -267,6 +272,25 @@ async fn project(
         };
         let mut next = match first {
             Err(_elapsed) => {
+                // An ordered consumer lives on the stream leader: when that server dies or
+                // stalls, it may go quiet without an error. Idle while the stream holds more
+                // than was committed, for long enough, means that: start again.
+                if looked.elapsed() >= STALL_LOOK {
+                    looked = tokio::time::Instant::now();
+                    let last = handle.info().await.map(|i| i.state.last_sequence).ok();
+                    match last {
+                        Some(last) if last > expected => {
+                            let since = *ahead_since.get_or_insert(looked);
+                            if since.elapsed() >= STALLED_AFTER {
+                                anyhow::bail!(
+                                    "ordered consumer on {stream} delivers nothing at {expected} while the stream holds {last}"
+                                );
+                            }
+                        }
+                        Some(_) => ahead_since = None,
+                        None => {}
+                    }
+                }
                 // Idle: caught up, provided the store still has everything we committed.
                 match store.checkpoint(stream).await {
                     Ok(stored) => {
@@ -282,7 +306,10 @@ async fn project(
                 continue;
             }
             Ok(None) => anyhow::bail!("ordered consumer ended"),
-            Ok(Some(m)) => Some(m),
+            Ok(Some(m)) => {
+                ahead_since = None;
+                Some(m)
+            }
         };
         let until = tokio::time::Instant::now() + linger;
         let mut last_read = (0u64, 0u64); // (stream time, pending after it)
@@ -377,6 +404,11 @@ async fn project(
         }
     }
 }
+
+/// How often an idle projector compares the stream's last sequence with its checkpoint.
+const STALL_LOOK: Duration = Duration::from_secs(1);
+/// Idle this long with the stream ahead of the checkpoint: the ordered consumer is gone.
+const STALLED_AFTER: Duration = Duration::from_secs(3);
 
 /// `Err` (restart from the stored checkpoint) unless the store's checkpoint is the one this run
 /// last committed: lower means Postgres lost acknowledged commits, higher means another writer.

@@ -71,7 +71,8 @@ pub struct ConsumerOptions {
     pub pull_batch: usize,
     /// Lifetime of one pull request at the server.
     pub pull_expires: Duration,
-    /// Idle heartbeat of the long-lived pull (ungated mode).
+    /// Idle heartbeat of the long-lived pull (ungated mode): two missed ones (a consumer leader
+    /// that died or stalls) and the pull is made again.
     pub heartbeat: Duration,
     /// How long in-flight handlers may finish after shutdown before they are abandoned (their
     /// messages are then redelivered after ack_wait).
@@ -87,7 +88,7 @@ impl Default for ConsumerOptions {
             gate: None,
             pull_batch: 1,
             pull_expires: Duration::from_secs(10),
-            heartbeat: Duration::from_secs(5),
+            heartbeat: Duration::from_secs(2),
             drain_timeout: Duration::from_secs(10),
             progress_interval: None,
         }
@@ -291,6 +292,11 @@ where
     }
 }
 
+/// The longest a gated pull request lives: one request has no heartbeat, so this (plus the
+/// margin) bounds how long a request held by a consumer leader that died goes unnoticed. Idle,
+/// it costs one small request per consumer this often.
+const GATED_PULL_EXPIRES: std::time::Duration = std::time::Duration::from_secs(4);
+
 /// How long past a pull request's expiry a gated pull waits before it asks again.
 const PULL_EXPIRY_MARGIN: std::time::Duration = std::time::Duration::from_secs(2);
 
@@ -336,10 +342,11 @@ where
         permits.truncate(handler_slots.len());
         'pull: loop {
             reap(&ctx.name, tasks);
+            let expires = opts.pull_expires.min(GATED_PULL_EXPIRES);
             let batch = consumer
                 .batch()
                 .max_messages(permits.len())
-                .expires(opts.pull_expires)
+                .expires(expires)
                 .messages();
             let mut batch = tokio::select! {
                 () = shutdown.cancelled() => return Exit::Shutdown,
@@ -355,7 +362,7 @@ where
             // The server ends the request at its expiry; past that (and a margin) nothing will
             // come: the server holding it is gone (a consumer leader that was killed or stalled
             // while this client stays connected elsewhere), so ask again.
-            let forgotten = tokio::time::sleep(opts.pull_expires + PULL_EXPIRY_MARGIN);
+            let forgotten = tokio::time::sleep(expires + PULL_EXPIRY_MARGIN);
             tokio::pin!(forgotten);
             loop {
                 let next = tokio::select! {
