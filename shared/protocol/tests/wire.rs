@@ -254,3 +254,100 @@ fn queue_time_is_taken_from_the_jobs_time_limit() {
     // A clock behind the fetch time takes nothing away.
     assert_eq!(a.remaining_secs(0), 3600);
 }
+
+/// The golden corpus: the bytes this version's encoder wrote for every sample, one file per
+/// message (`tests/wire-corpus/v1/<kind>-<n>.cbor`), kept for every later build to decode.
+fn corpus_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/wire-corpus/v1")
+}
+
+/// `(file name, sample)`: the samples numbered within their kind.
+fn corpus_samples() -> Vec<(String, Envelope)> {
+    let mut seen: std::collections::BTreeMap<&'static str, usize> = Default::default();
+    samples()
+        .into_iter()
+        .map(|e| {
+            let kind = e.kind().as_str();
+            let n = seen.entry(kind).or_default();
+            *n += 1;
+            (format!("{kind}-{n}.cbor"), e)
+        })
+        .collect()
+}
+
+/// Writes the corpus (`JR_WRITE_CORPUS=1 cargo test -p jr-protocol --test wire corpus`); run it
+/// only to add a new version's directory, never to rewrite released files.
+fn write_corpus_when_asked() {
+    if std::env::var_os("JR_WRITE_CORPUS").is_none() {
+        return;
+    }
+    let dir = corpus_dir();
+    std::fs::create_dir_all(&dir).expect("corpus directory");
+    for (name, e) in corpus_samples() {
+        std::fs::write(dir.join(name), encode(&e)).expect("write corpus file");
+    }
+}
+
+#[test]
+fn the_golden_corpus_of_every_kind_keeps_decoding() {
+    write_corpus_when_asked();
+    let dir = corpus_dir();
+    for (name, expected) in corpus_samples() {
+        let path = dir.join(&name);
+        let bytes = std::fs::read(&path).unwrap_or_else(|e| {
+            panic!(
+                "{}: {e} (a new sample or kind needs its corpus file: JR_WRITE_CORPUS=1)",
+                path.display()
+            )
+        });
+        let decoded = decode(&bytes).unwrap_or_else(|e| panic!("{name} no longer decodes: {e}"));
+        assert_eq!(decoded, expected, "{name} decodes to something else");
+    }
+    // Every kind there is has a file: a kind added without one fails here.
+    let files: Vec<String> = std::fs::read_dir(&dir)
+        .expect("corpus directory")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .collect();
+    for kind in Kind::ALL {
+        assert!(
+            files
+                .iter()
+                .any(|f| f.starts_with(&format!("{}-", kind.as_str()))),
+            "no corpus file for {}",
+            kind.as_str()
+        );
+    }
+}
+
+/// Adds `key: 1` to a CBOR map.
+fn with_extra_field(map: &mut ciborium::Value, key: &str) {
+    let ciborium::Value::Map(entries) = map else {
+        panic!("not a map: {map:?}");
+    };
+    entries.push((
+        ciborium::Value::Text(key.into()),
+        ciborium::Value::Integer(1.into()),
+    ));
+}
+
+#[test]
+fn a_message_with_fields_added_by_a_later_version_still_decodes() {
+    for e in samples() {
+        let mut value: ciborium::Value =
+            ciborium::from_reader(encode(&e).as_slice()).expect("CBOR");
+        with_extra_field(&mut value, "added_later");
+        if let ciborium::Value::Map(entries) = &mut value
+            && let Some((_, body)) = entries
+                .iter_mut()
+                .find(|(k, _)| k.as_text() == Some("body"))
+            && matches!(body, ciborium::Value::Map(_))
+        {
+            with_extra_field(body, "added_later_too");
+        }
+        let mut bytes = Vec::new();
+        ciborium::into_writer(&value, &mut bytes).expect("re-encode");
+        let decoded =
+            decode(&bytes).unwrap_or_else(|err| panic!("{} with unknown fields: {err}", e.kind()));
+        assert_eq!(decoded, e);
+    }
+}
