@@ -37,9 +37,9 @@ pub fn parse_wake_subject(subject: &str) -> Option<(String, AssignmentId)> {
     Some((backend.to_owned(), warm.parse().ok()?))
 }
 
-/// The attempt a warm executor was bound to.
+/// The attempt a warm executor was bound to. Fields a later version adds are ignored, so a
+/// facade of this version reads a newer worker's binding during a rolling upgrade.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct WarmBinding {
     pub assignment: AssignmentId,
     pub attempt: u32,
@@ -84,5 +84,24 @@ mod tests {
         };
         assert_eq!(WarmBinding::decode(&zero.encode()), None);
         assert_eq!(bucket(&backend), "JR_WARM_pod");
+    }
+
+    #[test]
+    fn the_corpus_binding_keeps_reading_and_added_fields_are_ignored() {
+        let binding = WarmBinding {
+            assignment: AssignmentId::for_task("https://forge.example", 1234),
+            attempt: 2,
+        };
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/wire-corpus/v1/kv/warm-binding.json");
+        if std::env::var_os("JR_WRITE_CORPUS").is_some() {
+            std::fs::write(&path, binding.encode()).expect("write corpus file");
+        }
+        let stored = std::fs::read(&path).expect("corpus file");
+        assert_eq!(WarmBinding::decode(&stored), Some(binding));
+        let mut later: serde_json::Value = serde_json::from_slice(&stored).expect("json");
+        later["added_later"] = 1.into();
+        let later = serde_json::to_vec(&later).expect("json");
+        assert_eq!(WarmBinding::decode(&later), Some(binding));
     }
 }
