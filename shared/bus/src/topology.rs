@@ -277,6 +277,9 @@ fn stream_error_is_transient(kind: &jetstream::context::CreateStreamErrorKind) -
         }
         // A cluster electing its meta leader or missing a peer answers with these until it
         // has formed again (at start, after a node loss).
+        // Another service created the stream between this one's lookup and its create (with
+        // other limits): the next try finds it.
+        K::JetStream(e) if e.error_code() == jetstream::ErrorCode::STREAM_NAME_EXIST => true,
         K::JetStream(e) => cluster_forming(e),
         K::EmptyStreamName | K::InvalidStreamName | K::DomainAndExternalSet => false,
     }
