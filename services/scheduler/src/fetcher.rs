@@ -220,7 +220,9 @@ impl Dispatcher {
                 )
                 .await
                 {
-                    Ok(outcome) => {
+                    // The forge ended the task while it waited for room: nothing to run.
+                    Ok(None) => {}
+                    Ok(Some(outcome)) => {
                         if outcome.duplicate {
                             self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
                         }
@@ -233,10 +235,6 @@ impl Dispatcher {
                             Instant::now(),
                         );
                         tracing::info!(task = task.id, assignment = %envelope.assignment_id, %backend, seq = outcome.stream_seq, "assignment dispatched");
-                    }
-                    Err(jr_bus::BusError::ShutDown) if !shutdown.is_cancelled() => {
-                        // The forge ended the task while it waited for room (see
-                        // `publish_assignment`): nothing to run.
                     }
                     Err(jr_bus::BusError::ShutDown) => tracing::warn!(
                         task = task.id,
@@ -268,8 +266,8 @@ impl Dispatcher {
     /// Publishes an assignment through transient failures. A full `JR_ASSIGNMENTS` stream is
     /// backpressure: the task waits here (kept alive at the forge, so no reaper fails it) and
     /// this registration fetches nothing more until the stream takes it, logged once with the
-    /// stream's limits and counted (`jetrunner_scheduler_intake_blocked`). Returns
-    /// [`jr_bus::BusError::ShutDown`] without shutdown when the forge ended the task meanwhile.
+    /// stream's limits and counted (`jetrunner_scheduler_intake_blocked`). `None` when the forge
+    /// ended the task meanwhile.
     async fn publish_assignment(
         &self,
         forge: &jr_forge::ForgeClient,
@@ -277,7 +275,7 @@ impl Dispatcher {
         subject: &str,
         envelope: &Envelope,
         shutdown: &CancellationToken,
-    ) -> Result<jr_bus::PublishOutcome, jr_bus::BusError> {
+    ) -> Result<Option<jr_bus::PublishOutcome>, jr_bus::BusError> {
         let mut backoff = jr_bus::Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
         let mut full_since: Option<Instant> = None;
         let mut next_keepalive = Instant::now() + self.unclaimed.interval();
@@ -286,7 +284,7 @@ impl Dispatcher {
                 break Err(jr_bus::BusError::ShutDown);
             }
             let error = match self.bus.publish(subject, envelope).await {
-                Ok(outcome) => break Ok(outcome),
+                Ok(outcome) => break Ok(Some(outcome)),
                 Err(e) if !e.is_transient() => break Err(e),
                 Err(e) => e,
             };
@@ -314,7 +312,7 @@ impl Dispatcher {
                                 ?result,
                                 "the forge ended a task waiting for room in {STREAM_ASSIGNMENTS}; dropped"
                             );
-                            break Err(jr_bus::BusError::ShutDown);
+                            break Ok(None);
                         }
                         Ok(None) => {}
                         Err(e) => {
@@ -332,7 +330,7 @@ impl Dispatcher {
         };
         if let Some(since) = full_since {
             self.stats.intake_blocked.fetch_sub(1, Ordering::AcqRel);
-            if result.is_ok() {
+            if matches!(result, Ok(Some(_))) {
                 tracing::info!(
                     stream = STREAM_ASSIGNMENTS,
                     task = task_id,

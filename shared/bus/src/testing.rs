@@ -188,6 +188,25 @@ pub(crate) fn healthy(monitor_port: u16) -> bool {
     response.starts_with("HTTP/1.1 200") || response.starts_with("HTTP/1.0 200")
 }
 
+/// Starts `nats-server` (`NATS_SERVER_BIN`, else the one on `PATH`) with `args`, logging to `log`.
+pub(crate) fn spawn_nats_server(
+    args: &[std::ffi::OsString],
+    log: &std::path::Path,
+) -> std::io::Result<std::process::Child> {
+    let binary: PathBuf = std::env::var_os("NATS_SERVER_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("nats-server"));
+    Command::new(&binary)
+        .args(args)
+        .arg("-l")
+        .arg(log)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| std::io::Error::new(e.kind(), format!("starting {}: {e}", binary.display())))
+}
+
 impl NatsServer {
     /// Starts a JetStream-enabled server on free ports with a fresh store and waits until
     /// JetStream answers.
@@ -268,33 +287,22 @@ impl NatsServer {
     }
 
     async fn spawn(&mut self) -> std::io::Result<()> {
-        let binary: PathBuf = std::env::var_os("NATS_SERVER_BIN")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from("nats-server"));
         let store = self.dir.path().join("jetstream");
         let log = self.dir.path().join("nats.log");
         let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
         // The port may linger briefly after a kill; retry the spawn until it binds.
         loop {
-            let mut command = Command::new(&binary);
+            let mut args: Vec<std::ffi::OsString> = Vec::new();
             if let Some(config) = &self.config {
-                command.arg("-c").arg(config);
+                args.extend(["-c".into(), config.into()]);
             }
-            let mut child = command
-                .args(["-js", "-a", "127.0.0.1"])
-                .args(["-p", &self.port.to_string()])
-                .args(["-m", &self.monitor_port.to_string()])
-                .arg("-sd")
-                .arg(&store)
-                .arg("-l")
-                .arg(&log)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .map_err(|e| {
-                    std::io::Error::new(e.kind(), format!("starting {}: {e}", binary.display()))
-                })?;
+            args.extend(
+                ["-js", "-a", "127.0.0.1", "-p", &self.port.to_string()]
+                    .map(std::ffi::OsString::from),
+            );
+            args.extend(["-m".into(), self.monitor_port.to_string().into()]);
+            args.extend(["-sd".into(), store.clone().into()]);
+            let mut child = spawn_nats_server(&args, &log)?;
             loop {
                 if healthy(self.monitor_port) {
                     self.child = Some(child);

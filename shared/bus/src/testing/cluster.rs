@@ -5,7 +5,7 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::Duration;
 
 use super::{ServiceUsers, free_port, healthy, service_users};
@@ -296,22 +296,8 @@ impl NatsCluster {
     }
 
     fn spawn(&mut self, node: usize) -> std::io::Result<()> {
-        let binary: PathBuf = std::env::var_os("NATS_SERVER_BIN")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from("nats-server"));
         let n = &mut self.nodes[node];
-        let child = Command::new(&binary)
-            .arg("-c")
-            .arg(&n.config)
-            .arg("-l")
-            .arg(&n.log)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| {
-                std::io::Error::new(e.kind(), format!("starting {}: {e}", binary.display()))
-            })?;
+        let child = super::spawn_nats_server(&["-c".into(), n.config.clone().into()], &n.log)?;
         n.child = Some(child);
         n.paused = false;
         Ok(())
