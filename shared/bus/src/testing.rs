@@ -36,6 +36,14 @@ impl TestNats {
         }
     }
 
+    /// The process ids of the running servers (one, or every running node of the cluster).
+    pub fn pids(&self) -> Vec<u32> {
+        match self {
+            TestNats::Single(s) => s.pid().into_iter().collect(),
+            TestNats::Cluster(c) => (0..c.len()).filter_map(|i| c.pid(i)).collect(),
+        }
+    }
+
     /// The monitoring URL of the (first) server.
     pub fn monitor_url(&self) -> String {
         match self {
@@ -280,6 +288,11 @@ impl NatsServer {
     pub async fn restart(&mut self) -> std::io::Result<()> {
         self.kill();
         self.spawn().await
+    }
+
+    /// The process id of the server while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     pub fn is_running(&mut self) -> bool {

@@ -33,6 +33,25 @@ pub struct Config {
     pub telemetry: TelemetryConfig,
     #[serde(default)]
     pub lease: LeaseConfig,
+    #[serde(default)]
+    pub runtime: RuntimeConfig,
+}
+
+/// `[runtime]`: the async runtime each service runs on.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuntimeConfig {
+    /// Threads that run the service's tasks. 1: one thread (tokio's current-thread runtime),
+    /// which costs the least CPU per job: no task moves between threads and no thread wakes
+    /// another. More: a multi-thread runtime with that many worker threads.
+    #[serde(default = "one")]
+    pub threads: usize,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        Self { threads: 1 }
+    }
 }
 
 /// `[lease]`: the leases that let several replicas of the scheduler (one fetching replica per

@@ -465,3 +465,14 @@ fn warm_executors_are_validated_with_their_keys() {
     .expect_err("warm without the scheduler holding the key");
     assert!(err.to_string().contains("publish_requested"), "{err}");
 }
+
+#[test]
+fn runtime_threads_default_to_one_and_are_bounded() {
+    let c = load_env(MINIMAL, &[]).expect("valid");
+    assert_eq!(c.runtime.threads, 1);
+    let c = load_env(&format!("{MINIMAL}\n[runtime]\nthreads = 4\n"), &[]).expect("valid");
+    assert_eq!(c.runtime.threads, 4);
+    let err = load_env(&format!("{MINIMAL}\n[runtime]\nthreads = 0\n"), &[])
+        .expect_err("no thread cannot run anything");
+    assert!(err.to_string().contains("runtime.threads"), "{err}");
+}

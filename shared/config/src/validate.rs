@@ -32,6 +32,7 @@ impl Config {
         }
         self.validate_fetching()?;
         self.validate_lease()?;
+        self.validate_runtime()?;
         self.validate_spiffe_path()?;
         self.validate_facade()?;
         self.validate_backends()?;
@@ -65,6 +66,16 @@ impl Config {
             return Err(ConfigError::key(
                 "facade.spiffe_path",
                 "must start with / and contain {assignment} exactly once, e.g. /jetrunner/executor/{assignment}",
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_runtime(&self) -> Result<(), ConfigError> {
+        if !(1..=256).contains(&self.runtime.threads) {
+            return Err(ConfigError::key(
+                "runtime.threads",
+                "must be between 1 and 256",
             ));
         }
         Ok(())

@@ -114,6 +114,11 @@ impl NatsCluster {
         format!("http://127.0.0.1:{}", self.nodes[node].monitor_port)
     }
 
+    /// The process id of the node's server while it runs.
+    pub fn pid(&self, node: usize) -> Option<u32> {
+        self.nodes[node].child.as_ref().map(Child::id)
+    }
+
     pub fn len(&self) -> usize {
         self.nodes.len()
     }

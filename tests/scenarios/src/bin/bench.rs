@@ -65,6 +65,13 @@ struct Args {
     scale_pod_capacity: usize,
     #[arg(long, default_value = "100")]
     scale_vm_capacity: usize,
+    /// Jobs of the backlog run ([6b]) at the scale capacities, compared with [6]; 0 skips it.
+    #[arg(long, default_value = "10000")]
+    backlog_jobs: u32,
+    /// Jobs of the R3 run ([6c]) on a three-node NATS cluster at the scale capacities, compared
+    /// with [6]; 0 skips it.
+    #[arg(long, default_value = "3000")]
+    r3_jobs: u32,
     /// Pods run the executor image's entrypoint and the fake executor as child processes (as
     /// the scenarios do) instead of the fake executor as a task of the bench process.
     #[arg(long)]
@@ -99,17 +106,15 @@ struct Args {
 struct Watched {
     names: Vec<&'static str>,
     pids: Vec<Option<u32>>,
+    /// nats-server: one process, or the three nodes of a cluster (summed).
+    nats: Vec<u32>,
     /// Postgres is a process tree; its root is summed with its children.
     pg_root: Option<u32>,
 }
 
 impl Watched {
     fn find(system: &System) -> Watched {
-        let nats_port = system.nats.port().to_string();
         let pg_port = system.pg.port().to_string();
-        let nats = measure::find_pids(|a| {
-            a[0].ends_with("nats-server") && measure::has_arg_pair(a, "-p", &nats_port)
-        });
         let pg = measure::find_pids(|a| {
             a[0].ends_with("postgres") && measure::has_arg_pair(a, "-p", &pg_port)
         });
@@ -127,19 +132,31 @@ impl Watched {
                 system.pod_worker.pid(),
                 system.vm_worker.pid(),
                 system.reconciler.pid(),
-                nats.first().copied(),
+                system.nats.pids().first().copied(),
                 Some(std::process::id()),
             ],
+            nats: system.nats.pids(),
             pg_root: pg.first().copied(),
         }
     }
 
-    /// CPU ticks per watched process, Postgres last.
+    /// CPU ticks per watched process (nats-server summed over the cluster's nodes), Postgres
+    /// last.
     fn ticks(&self) -> Vec<Option<u64>> {
         let mut out: Vec<Option<u64>> = self
             .pids
             .iter()
-            .map(|p| p.and_then(measure::read_cpu).map(|t| t.own))
+            .enumerate()
+            .map(|(i, p)| {
+                if i == Self::NATS {
+                    self.nats
+                        .iter()
+                        .map(|pid| measure::read_cpu(*pid).map(|t| t.own))
+                        .sum()
+                } else {
+                    p.and_then(measure::read_cpu).map(|t| t.own)
+                }
+            })
             .collect();
         out.push(self.pg_root.and_then(measure::tree_ticks));
         out
@@ -149,6 +166,18 @@ impl Watched {
         let mut labels = self.names.clone();
         labels.push("postgres (all backends)");
         labels
+    }
+
+    /// Index of nats-server, of this process and of Postgres in `ticks()`.
+    const NATS: usize = 4;
+    const BENCH: usize = 5;
+    const POSTGRES: usize = 6;
+
+    /// CPU milliseconds of the processes at `which` between two `ticks()` readings.
+    fn cpu_ms(before: &[Option<u64>], after: &[Option<u64>], which: &[usize]) -> f64 {
+        let d = delta(before, after);
+        let ticks: u64 = which.iter().filter_map(|i| d[*i]).sum();
+        ticks as f64 / measure::clock_ticks() as f64 * 1000.0
     }
 }
 
@@ -220,7 +249,7 @@ async fn main() -> anyhow::Result<()> {
         now_ms()
     );
     if args.scale_only {
-        return scale_run(&args).await;
+        return scale_runs(&args).await;
     }
     if args.inflight_only {
         return inflight_memory(&args).await;
@@ -294,7 +323,7 @@ async fn main() -> anyhow::Result<()> {
     );
     drop(system);
     if args.scale_jobs > 0 {
-        scale_run(&args).await?;
+        scale_runs(&args).await?;
     }
     if args.inflight_jobs > 0 {
         inflight_memory(&args).await?;
@@ -309,20 +338,59 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// [6]: the saturated run again on a fresh system with many more slots, where the machine's
-/// CPU rather than slot hold time bounds the rate: lifecycles/s, how long after the last
-/// deletion the projection showed every job finished, and CPU per job per process.
-async fn scale_run(args: &Args) -> anyhow::Result<()> {
-    let (jobs, pod_capacity, vm_capacity) = (
-        args.scale_jobs,
-        args.scale_pod_capacity,
-        args.scale_vm_capacity,
-    );
+/// What one scale run measured, for the comparisons between them.
+struct ScaleFigures {
+    rate: f64,
+    /// CPU-ms per job of the four services, nats-server and Postgres.
+    cpu_per_job: f64,
+}
+
+/// [6], [6b], [6c]: the scale runs, then their comparisons.
+async fn scale_runs(args: &Args) -> anyhow::Result<()> {
+    let base = scale_run(args, "[6] scale", args.scale_jobs, false, true).await?;
+    let compare = |label: &str, other: &ScaleFigures| {
+        println!(
+            "  {label:<44} {:>9.2}x lifecycles/s, {:.2}x CPU-ms/job (of [6]: {:.0} jobs/s, {:.2} CPU-ms/job)",
+            other.rate / base.rate,
+            other.cpu_per_job / base.cpu_per_job,
+            base.rate,
+            base.cpu_per_job
+        );
+    };
+    if args.backlog_jobs > 0 {
+        let backlog = scale_run(args, "[6b] backlog", args.backlog_jobs, false, false).await?;
+        compare("backlog run vs [6]", &backlog);
+    }
+    if args.r3_jobs > 0 {
+        let r3 = scale_run(args, "[6c] R3", args.r3_jobs, true, false).await?;
+        compare("R3 on three nodes vs [6] on one", &r3);
+    }
+    Ok(())
+}
+
+/// One saturated run on a fresh system with the scale capacities, where the machine's CPU
+/// rather than slot hold time bounds the rate: lifecycles/s, how long after the last deletion
+/// the projection showed every job finished, and CPU per job per process. `cluster`: on a
+/// three-node NATS cluster with every stream and bucket R3. `floor`: then measure the physical
+/// floor on the same servers and print jetrunner's cost against it.
+async fn scale_run(
+    args: &Args,
+    title: &str,
+    jobs: u32,
+    cluster: bool,
+    floor: bool,
+) -> anyhow::Result<ScaleFigures> {
+    let (pod_capacity, vm_capacity) = (args.scale_pod_capacity, args.scale_vm_capacity);
     let total = (pod_capacity + vm_capacity).max(1) as f64;
     let pod_jobs = (f64::from(jobs) * pod_capacity as f64 / total).round() as u32;
     println!(
-        "\n[6] scale: {jobs} jobs ({pod_jobs} pod / {} vm) queued at once on a fresh system, durations 0..={} ms, capacity pod {pod_capacity} / vm {vm_capacity}",
+        "\n{title}: {jobs} jobs ({pod_jobs} pod / {} vm) queued at once on a fresh system{}, durations 0..={} ms, capacity pod {pod_capacity} / vm {vm_capacity}",
         jobs - pod_jobs,
+        if cluster {
+            " on a three-node NATS cluster, streams and buckets R3"
+        } else {
+            ""
+        },
         args.job_ms
     );
     let mut system = System::start(SystemSpec {
@@ -330,23 +398,26 @@ async fn scale_run(args: &Args) -> anyhow::Result<()> {
         vm_capacity,
         pod_start_delay: Duration::from_millis(args.pod_start_ms),
         pod_executor_in_process: !args.pod_entrypoint,
+        nats_cluster: cluster,
         ..Default::default()
     })
     .await?;
     let watched = Watched::find(&system);
+    let store = Store::connect(&system.database_url).await?;
+    let xid_before = write_xid(&store).await?;
+    let wal_before = wal_lsn(&store).await?;
     let cpu_before = watched.ticks();
     let t0 = Instant::now();
     enqueue_spread(&system, pod_jobs, jobs - pod_jobs, args.job_ms);
     let (_, elapsed) = wait_done(&mut system, jobs as usize, t0).await?;
     let cpu = delta(&cpu_before, &watched.ticks());
     let violations = system.violations();
-    rate_line(
+    let rate = rate_line(
         "lifecycles (enqueue → all final + deleted)",
         jobs as usize,
         elapsed,
         "jobs",
     );
-    let store = Store::connect(&system.database_url).await?;
     match wait_projected(&store, jobs, t0).await? {
         Some(p) => println!(
             "  {:<44} {:>10.2} s",
@@ -356,7 +427,7 @@ async fn scale_run(args: &Args) -> anyhow::Result<()> {
         None => println!("  the projection did not show every assignment finished within 30 s"),
     }
     print_invariants(&violations);
-    let js = jetstream::new(async_nats::connect(system.nats.url()).await?);
+    let js = jetstream::new(bench_client(&system).await?);
     let (assignments, _) = measure::read_stream(&js, STREAM_ASSIGNMENTS).await?;
     let (events, _) = measure::read_stream(&js, STREAM_EVENTS).await?;
     for backend in ["pod", "vm"] {
@@ -384,6 +455,126 @@ async fn scale_run(args: &Args) -> anyhow::Result<()> {
     println!(
         "  {:<26} {infrastructure:>8.2} CPU-ms/job   (the four services, nats-server and Postgres)",
         "jetrunner + NATS + Postgres"
+    );
+    let per_job = |n: f64| n / f64::from(jobs.max(1));
+    let (stream_msgs, ledger_msgs) = stored_messages(&js).await?;
+    let rows = projection_rows(&store).await?;
+    let xacts = write_xid(&store).await?.saturating_sub(xid_before);
+    let wal = wal_lsn(&store).await?.saturating_sub(wal_before);
+    println!(
+        "  stored per job: {:.2} JetStream messages (streams) + {:.2} (workload ledgers), {:.2} projection rows kept, {:.2} writing Postgres transactions, {:.0} bytes of WAL",
+        per_job(stream_msgs as f64),
+        per_job(ledger_msgs as f64),
+        per_job(rows as f64),
+        per_job(xacts as f64),
+        per_job(wal as f64)
+    );
+    if floor {
+        physical_floor(
+            &system,
+            &watched,
+            args,
+            per_job((stream_msgs + ledger_msgs) as f64),
+            per_job(rows as f64),
+            infrastructure,
+        )
+        .await?;
+    }
+    Ok(ScaleFigures {
+        rate,
+        cpu_per_job: infrastructure,
+    })
+}
+
+/// Messages stored in the three streams and in the workers' workload ledgers since they were
+/// created (sequence numbers: a work queue's done commands count too).
+async fn stored_messages(js: &jetstream::Context) -> anyhow::Result<(u64, u64)> {
+    let mut streams = 0;
+    for name in [STREAM_ASSIGNMENTS, STREAM_EVENTS, STREAM_COMMANDS] {
+        streams += js.get_stream(name).await?.info().await?.state.last_sequence;
+    }
+    let mut ledgers = 0;
+    for backend in ["pod", "vm"] {
+        if let Ok(mut stream) = js.get_stream(format!("KV_JR_WORKLOADS_{backend}")).await {
+            ledgers += stream.info().await?.state.last_sequence;
+        }
+    }
+    Ok((streams, ledgers))
+}
+
+/// Rows held in every table of the projection.
+async fn projection_rows(store: &Store) -> anyhow::Result<u64> {
+    let tables: Vec<String> = sqlx::query_scalar(
+        "SELECT table_name::text FROM information_schema.tables \
+         WHERE table_schema = 'public' AND table_type = 'BASE TABLE' \
+         AND table_name NOT LIKE '\\_sqlx%'",
+    )
+    .fetch_all(store.pool())
+    .await?;
+    let mut rows = 0i64;
+    for table in tables {
+        let n: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM \"{table}\""))
+            .fetch_one(store.pool())
+            .await?;
+        rows += n;
+    }
+    Ok(u64::try_from(rows).unwrap_or(0))
+}
+
+/// The next transaction id of the cluster: the difference between two readings is the number
+/// of transactions that wrote anything (read-only ones get none), plus this one.
+async fn write_xid(store: &Store) -> anyhow::Result<u64> {
+    let xid: i64 = sqlx::query_scalar("SELECT txid_current()")
+        .fetch_one(store.pool())
+        .await?;
+    Ok(u64::try_from(xid).unwrap_or(0))
+}
+
+/// The cluster's current WAL position in bytes.
+async fn wal_lsn(store: &Store) -> anyhow::Result<u64> {
+    let lsn: i64 = sqlx::query_scalar("SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::bigint")
+        .fetch_one(store.pool())
+        .await?;
+    Ok(u64::try_from(lsn).unwrap_or(0))
+}
+
+/// The physical floor of a job on these servers: what storing its messages and its projection
+/// rows costs when nothing else is done (a sequential publisher awaiting each PubAck; 512-row
+/// inserts), measured now on the same nats-server and Postgres, with the publisher's or
+/// inserter's CPU counted in.
+async fn physical_floor(
+    system: &System,
+    watched: &Watched,
+    args: &Args,
+    messages_per_job: f64,
+    rows_per_job: f64,
+    measured: f64,
+) -> anyhow::Result<()> {
+    println!("  physical floor on the same servers:");
+    let before = watched.ticks();
+    let raw_seq = raw_publish_sequential(system, "BENCH_FLOOR", args.publish_messages).await?;
+    let after = watched.ticks();
+    let per_message = Watched::cpu_ms(&before, &after, &[Watched::NATS, Watched::BENCH])
+        / args.publish_messages.max(1) as f64;
+    let before = watched.ticks();
+    let rows = pg_batched_inserts(system, "bench_floor", args.pg_rows * 4).await?;
+    let after = watched.ticks();
+    let per_row =
+        Watched::cpu_ms(&before, &after, &[Watched::POSTGRES, Watched::BENCH]) / rows.max(1) as f64;
+    let floor = messages_per_job * per_message + rows_per_job * per_row;
+    println!(
+        "    raw cost per stored message                 {:>8.4} CPU-ms   (nats-server + publisher, sequential, {raw_seq:.0} msgs/s)",
+        per_message
+    );
+    println!(
+        "    raw cost per projection row                 {per_row:>8.4} CPU-ms   (Postgres + inserter, 512-row INSERTs)"
+    );
+    println!(
+        "    floor = {messages_per_job:.2} messages × {per_message:.4} + {rows_per_job:.2} rows × {per_row:.4} = {floor:.2} CPU-ms/job"
+    );
+    println!(
+        "    jetrunner + NATS + Postgres / floor         {:>8.1}x",
+        measured / floor.max(f64::MIN_POSITIVE)
     );
     Ok(())
 }
@@ -491,7 +682,7 @@ async fn warm_light_load(args: &Args) -> anyhow::Result<()> {
         }
         system.wait_all_final(Duration::from_secs(120)).await?;
         system.wait_no_workloads(Duration::from_secs(60)).await?;
-        let js = jetstream::new(async_nats::connect(system.nats.url()).await?);
+        let js = jetstream::new(bench_client(&system).await?);
         let (assignments, _) = measure::read_stream(&js, STREAM_ASSIGNMENTS).await?;
         let (events, _) = measure::read_stream(&js, STREAM_EVENTS).await?;
         let bound = events
@@ -706,7 +897,7 @@ async fn end_to_end(
     println!(
         "\n[2] latencies read back from the streams (attempt 1 of each assignment; occurred_at stamps)"
     );
-    let js = jetstream::new(async_nats::connect(system.nats.url()).await?);
+    let js = jetstream::new(bench_client(system).await?);
     let (assignments, bad_a) = measure::read_stream(&js, STREAM_ASSIGNMENTS).await?;
     let (events, bad_e) = measure::read_stream(&js, STREAM_EVENTS).await?;
     let light: HashSet<_> = assignments
@@ -796,7 +987,7 @@ async fn messages_per_lifecycle(
     system: &System,
     jobs: u32,
 ) -> anyhow::Result<(f64, Vec<(&'static str, f64)>, f64)> {
-    let js = jetstream::new(async_nats::connect(system.nats.url()).await?);
+    let js = jetstream::new(bench_client(system).await?);
     let mut stored = 0u64;
     for name in [STREAM_ASSIGNMENTS, STREAM_EVENTS, STREAM_COMMANDS] {
         stored += js.get_stream(name).await?.info().await?.state.last_sequence;
@@ -842,7 +1033,15 @@ async fn messages_per_lifecycle(
 
 /// Raw JetStream publish + PubAck with a Nats-Msg-Id, sequential and 64 in flight.
 async fn raw_publish(system: &System, count: usize) -> anyhow::Result<(f64, f64)> {
-    let js = jetstream::new(async_nats::connect(system.nats.url()).await?);
+    let t = Instant::now();
+    raw_publish_sequential(system, "BENCH_SEQ", count).await?;
+    let seq = rate_line(
+        "raw JetStream publish+ack, sequential",
+        count,
+        t.elapsed(),
+        "msgs",
+    );
+    let js = jetstream::new(bench_client(system).await?);
     js.create_stream(stream::Config {
         name: "BENCH_RAW".into(),
         subjects: vec!["bench.raw.>".into()],
@@ -857,18 +1056,6 @@ async fn raw_publish(system: &System, count: usize) -> anyhow::Result<(f64, f64)
             .message_id(format!("raw-{i}"))
             .payload(payload.clone().into())
     };
-    let t = Instant::now();
-    for i in 0..count {
-        js.send_publish(format!("bench.raw.{}", i % 64), message(i))
-            .await?
-            .await?;
-    }
-    let seq = rate_line(
-        "raw JetStream publish+ack, sequential",
-        count,
-        t.elapsed(),
-        "msgs",
-    );
     let t = Instant::now();
     let mut inflight = FuturesUnordered::new();
     for i in count..2 * count {
@@ -896,6 +1083,71 @@ async fn raw_publish(system: &System, count: usize) -> anyhow::Result<(f64, f64)
     Ok((seq, par))
 }
 
+/// Sequential raw JetStream publish + PubAck (as the first half of [`raw_publish`]) to a scratch
+/// stream that is deleted afterwards; returns messages/s.
+async fn raw_publish_sequential(system: &System, name: &str, count: usize) -> anyhow::Result<f64> {
+    let js = jetstream::new(bench_client(system).await?);
+    let prefix = name.to_lowercase();
+    js.create_stream(stream::Config {
+        name: name.to_owned(),
+        subjects: vec![format!("{prefix}.>")],
+        storage: stream::StorageType::File,
+        duplicate_window: Duration::from_secs(120),
+        ..Default::default()
+    })
+    .await?;
+    let payload = bytes_of(300);
+    let t = Instant::now();
+    for i in 0..count {
+        let message = async_nats::jetstream::message::PublishMessage::build()
+            .message_id(format!("{prefix}-{i}"))
+            .payload(payload.clone().into());
+        js.send_publish(format!("{prefix}.{}", i % 64), message)
+            .await?
+            .await?;
+    }
+    let rate = count as f64 / t.elapsed().as_secs_f64().max(1e-9);
+    js.delete_stream(name).await?;
+    Ok(rate)
+}
+
+/// `total` rows in 512-row `INSERT … UNNEST` transactions into a scratch database (as the
+/// second half of [`pg_inserts`]); returns the rows written.
+async fn pg_batched_inserts(system: &System, name: &str, total: usize) -> anyhow::Result<usize> {
+    let mut conn = scratch_table(system, name).await?;
+    let body = bytes_of(300);
+    for start in (0..total).step_by(512) {
+        let ids: Vec<i64> = (start..(start + 512).min(total))
+            .map(|i| i as i64)
+            .collect();
+        let subjects: Vec<String> = ids
+            .iter()
+            .map(|i| format!("jr.event.pod.{i}.claimed"))
+            .collect();
+        let at: Vec<i64> = ids.iter().map(|_| now_ms() as i64).collect();
+        let bodies: Vec<Vec<u8>> = ids.iter().map(|_| body.clone()).collect();
+        sqlx::query("INSERT INTO bench_rows (id, subject, occurred_at, body) SELECT * FROM UNNEST($1::bigint[], $2::text[], $3::bigint[], $4::bytea[])")
+            .bind(&ids)
+            .bind(&subjects)
+            .bind(&at)
+            .bind(&bodies)
+            .execute(&mut conn)
+            .await?;
+    }
+    Ok(total)
+}
+
+/// A client of the system's NATS: its server, or every node of its cluster.
+async fn bench_client(system: &System) -> anyhow::Result<async_nats::Client> {
+    let servers = system
+        .nats
+        .url()
+        .split(',')
+        .map(str::parse::<async_nats::ServerAddr>)
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(async_nats::connect(servers.as_slice()).await?)
+}
+
 fn bytes_of(n: usize) -> Vec<u8> {
     (0..n).map(|i| (i % 251) as u8).collect()
 }
@@ -903,11 +1155,7 @@ fn bytes_of(n: usize) -> Vec<u8> {
 /// Single-row INSERT per transaction and 512-row INSERT … UNNEST per transaction.
 async fn pg_inserts(system: &System, rows: usize) -> anyhow::Result<(f64, f64)> {
     use sqlx::Connection as _;
-    system.pg.create_database("bench_scratch").await?;
-    let mut conn = sqlx::PgConnection::connect(&system.pg.url("bench_scratch")).await?;
-    sqlx::query("CREATE TABLE bench_rows (id bigint PRIMARY KEY, subject text NOT NULL, occurred_at bigint NOT NULL, body bytea NOT NULL)")
-        .execute(&mut conn)
-        .await?;
+    let mut conn = scratch_table(system, "bench_scratch").await?;
     let body = bytes_of(300);
     let t = Instant::now();
     for i in 0..rows {
@@ -927,26 +1175,10 @@ async fn pg_inserts(system: &System, rows: usize) -> anyhow::Result<(f64, f64)> 
         t.elapsed(),
         "rows",
     );
+    conn.close().await?;
     let total = rows * 4;
     let t = Instant::now();
-    for start in (rows..rows + total).step_by(512) {
-        let ids: Vec<i64> = (start..(start + 512).min(rows + total))
-            .map(|i| i as i64)
-            .collect();
-        let subjects: Vec<String> = ids
-            .iter()
-            .map(|i| format!("jr.event.pod.{i}.claimed"))
-            .collect();
-        let at: Vec<i64> = ids.iter().map(|_| now_ms() as i64).collect();
-        let bodies: Vec<Vec<u8>> = ids.iter().map(|_| body.clone()).collect();
-        sqlx::query("INSERT INTO bench_rows (id, subject, occurred_at, body) SELECT * FROM UNNEST($1::bigint[], $2::text[], $3::bigint[], $4::bytea[])")
-            .bind(&ids)
-            .bind(&subjects)
-            .bind(&at)
-            .bind(&bodies)
-            .execute(&mut conn)
-            .await?;
-    }
+    pg_batched_inserts(system, "bench_scratch_batched", total).await?;
     let batched = rate_line(
         "Postgres 512-row INSERT per transaction",
         total,
@@ -954,6 +1186,17 @@ async fn pg_inserts(system: &System, rows: usize) -> anyhow::Result<(f64, f64)> 
         "rows",
     );
     Ok((single, batched))
+}
+
+/// A fresh scratch database `name` with an empty `bench_rows` table, and a connection to it.
+async fn scratch_table(system: &System, name: &str) -> anyhow::Result<sqlx::PgConnection> {
+    use sqlx::Connection as _;
+    system.pg.create_database(name).await?;
+    let mut conn = sqlx::PgConnection::connect(&system.pg.url(name)).await?;
+    sqlx::query("CREATE TABLE bench_rows (id bigint PRIMARY KEY, subject text NOT NULL, occurred_at bigint NOT NULL, body bytea NOT NULL)")
+        .execute(&mut conn)
+        .await?;
+    Ok(conn)
 }
 
 async fn fresh_store(system: &System, name: &str) -> anyhow::Result<Store> {
