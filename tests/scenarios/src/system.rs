@@ -91,6 +91,9 @@ pub struct SystemSpec {
     /// NATS is a three-node JetStream cluster on loopback and the streams have three replicas
     /// (`nats.stream_replicas = 3`); services get every node's URL.
     pub nats_cluster: bool,
+    /// `[runtime] threads` of every service (1, the default: one thread; more: a multi-thread
+    /// runtime).
+    pub runtime_threads: usize,
 }
 
 impl Default for SystemSpec {
@@ -125,6 +128,7 @@ impl Default for SystemSpec {
             standbys: false,
             warm_idle: 0,
             nats_cluster: false,
+            runtime_threads: 1,
         }
     }
 }
@@ -1036,9 +1040,13 @@ lost_timeout = "{lost}"
 max_attempts = {max_attempts}
 plan_interval = "500ms"{hold}
 
+[runtime]
+threads = {threads}
+
 [telemetry]
 log_format = "json"
 "#,
+        threads = spec.runtime_threads,
         poll = secs(spec.forge_poll),
         flavor = spec.forge_flavor,
         task_capacity = spec.task_capacity,

@@ -230,6 +230,9 @@ async fn leaders_killed_in_turn_lose_no_job_and_fetching_resumes_within_five_sec
 -> anyhow::Result<()> {
     let mut system = System::start(SystemSpec {
         standbys: true,
+        // Replicas on a multi-thread runtime (`[runtime] threads`), as a larger deployment runs
+        // them; every other scenario runs the default single thread.
+        runtime_threads: 2,
         pod_capacity: 8,
         vm_capacity: 4,
         // Forgejo's request key: the replica that takes over repeats the dead replica's last

@@ -551,13 +551,19 @@ async fn physical_floor(
     measured: f64,
 ) -> anyhow::Result<()> {
     println!("  physical floor on the same servers:");
+    let js = jetstream::new(bench_client(system).await?);
+    scratch_stream(&js, "BENCH_FLOOR", "bench_floor.>").await?;
     let before = watched.ticks();
-    let raw_seq = raw_publish_sequential(system, "BENCH_FLOOR", args.publish_messages).await?;
+    let took = raw_publish_sequential(&js, "bench_floor", args.publish_messages).await?;
     let after = watched.ticks();
+    js.delete_stream("BENCH_FLOOR").await?;
+    let raw_seq = args.publish_messages as f64 / took.as_secs_f64().max(1e-9);
     let per_message = Watched::cpu_ms(&before, &after, &[Watched::NATS, Watched::BENCH])
         / args.publish_messages.max(1) as f64;
+    let rows = args.pg_rows * 4;
+    let mut conn = scratch_table(system, "bench_floor").await?;
     let before = watched.ticks();
-    let rows = pg_batched_inserts(system, "bench_floor", args.pg_rows * 4).await?;
+    pg_batched_inserts(&mut conn, rows).await?;
     let after = watched.ticks();
     let per_row =
         Watched::cpu_ms(&before, &after, &[Watched::POSTGRES, Watched::BENCH]) / rows.max(1) as f64;
@@ -1033,23 +1039,12 @@ async fn messages_per_lifecycle(
 
 /// Raw JetStream publish + PubAck with a Nats-Msg-Id, sequential and 64 in flight.
 async fn raw_publish(system: &System, count: usize) -> anyhow::Result<(f64, f64)> {
-    let t = Instant::now();
-    raw_publish_sequential(system, "BENCH_SEQ", count).await?;
-    let seq = rate_line(
-        "raw JetStream publish+ack, sequential",
-        count,
-        t.elapsed(),
-        "msgs",
-    );
     let js = jetstream::new(bench_client(system).await?);
-    js.create_stream(stream::Config {
-        name: "BENCH_RAW".into(),
-        subjects: vec!["bench.raw.>".into()],
-        storage: stream::StorageType::File,
-        duplicate_window: Duration::from_secs(120),
-        ..Default::default()
-    })
-    .await?;
+    scratch_stream(&js, "BENCH_SEQ", "bench_seq.>").await?;
+    let took = raw_publish_sequential(&js, "bench_seq", count).await?;
+    js.delete_stream("BENCH_SEQ").await?;
+    let seq = rate_line("raw JetStream publish+ack, sequential", count, took, "msgs");
+    scratch_stream(&js, "BENCH_RAW", "bench.raw.>").await?;
     let payload = bytes_of(300);
     let message = |i: usize| {
         async_nats::jetstream::message::PublishMessage::build()
@@ -1083,19 +1078,26 @@ async fn raw_publish(system: &System, count: usize) -> anyhow::Result<(f64, f64)
     Ok((seq, par))
 }
 
-/// Sequential raw JetStream publish + PubAck (as the first half of [`raw_publish`]) to a scratch
-/// stream that is deleted afterwards; returns messages/s.
-async fn raw_publish_sequential(system: &System, name: &str, count: usize) -> anyhow::Result<f64> {
-    let js = jetstream::new(bench_client(system).await?);
-    let prefix = name.to_lowercase();
+/// A scratch stream like jetrunner's (file storage, 2 min dedupe window).
+async fn scratch_stream(js: &jetstream::Context, name: &str, subjects: &str) -> anyhow::Result<()> {
     js.create_stream(stream::Config {
         name: name.to_owned(),
-        subjects: vec![format!("{prefix}.>")],
+        subjects: vec![subjects.to_owned()],
         storage: stream::StorageType::File,
         duplicate_window: Duration::from_secs(120),
         ..Default::default()
     })
     .await?;
+    Ok(())
+}
+
+/// `count` sequential raw JetStream publishes + PubAcks of 300 bytes to `<prefix>.<n>` (a
+/// scratch stream made by [`scratch_stream`]); returns how long they took.
+async fn raw_publish_sequential(
+    js: &jetstream::Context,
+    prefix: &str,
+    count: usize,
+) -> anyhow::Result<Duration> {
     let payload = bytes_of(300);
     let t = Instant::now();
     for i in 0..count {
@@ -1106,16 +1108,17 @@ async fn raw_publish_sequential(system: &System, name: &str, count: usize) -> an
             .await?
             .await?;
     }
-    let rate = count as f64 / t.elapsed().as_secs_f64().max(1e-9);
-    js.delete_stream(name).await?;
-    Ok(rate)
+    Ok(t.elapsed())
 }
 
-/// `total` rows in 512-row `INSERT … UNNEST` transactions into a scratch database (as the
-/// second half of [`pg_inserts`]); returns the rows written.
-async fn pg_batched_inserts(system: &System, name: &str, total: usize) -> anyhow::Result<usize> {
-    let mut conn = scratch_table(system, name).await?;
+/// `total` rows in 512-row `INSERT … UNNEST` transactions into `bench_rows` of a scratch
+/// database ([`scratch_table`]); returns how long they took.
+async fn pg_batched_inserts(
+    conn: &mut sqlx::PgConnection,
+    total: usize,
+) -> anyhow::Result<Duration> {
     let body = bytes_of(300);
+    let t = Instant::now();
     for start in (0..total).step_by(512) {
         let ids: Vec<i64> = (start..(start + 512).min(total))
             .map(|i| i as i64)
@@ -1131,10 +1134,10 @@ async fn pg_batched_inserts(system: &System, name: &str, total: usize) -> anyhow
             .bind(&subjects)
             .bind(&at)
             .bind(&bodies)
-            .execute(&mut conn)
+            .execute(&mut *conn)
             .await?;
     }
-    Ok(total)
+    Ok(t.elapsed())
 }
 
 /// A client of the system's NATS: its server, or every node of its cluster.
@@ -1177,12 +1180,12 @@ async fn pg_inserts(system: &System, rows: usize) -> anyhow::Result<(f64, f64)> 
     );
     conn.close().await?;
     let total = rows * 4;
-    let t = Instant::now();
-    pg_batched_inserts(system, "bench_scratch_batched", total).await?;
+    let mut conn = scratch_table(system, "bench_scratch_batched").await?;
+    let took = pg_batched_inserts(&mut conn, total).await?;
     let batched = rate_line(
         "Postgres 512-row INSERT per transaction",
         total,
-        t.elapsed(),
+        took,
         "rows",
     );
     Ok((single, batched))
