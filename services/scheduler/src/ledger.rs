@@ -5,6 +5,7 @@
 use jr_protocol::now_ms;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use jr_bus::async_nats::jetstream::kv;
 use jr_bus::warm::WarmBinding;
@@ -29,7 +30,16 @@ struct Sticky {
     /// true; so later calls of that executor need one read (is there a terminal yet?) instead
     /// of four or five. Dropped at the final result, so it holds running jobs only.
     claimed_view: Option<AssignmentView>,
+    /// When the terminal subject was last read for `claimed_view`.
+    terminal_checked: Option<Instant>,
 }
+
+/// How long a claimed assignment's "not terminal" stays believed without reading the stream
+/// again. A terminal published here is known at once; one published elsewhere (fail-task,
+/// another facade replica) is seen within this, and the forge, which keeps final states,
+/// answers any report in between with the final state itself. A running job's reports (a
+/// heartbeat or two a second) then cost one read a second instead of one each.
+pub const TERMINAL_RECHECK: Duration = Duration::from_secs(1);
 
 pub struct JetStreamLedger {
     bus: Bus,
@@ -46,6 +56,8 @@ pub struct JetStreamLedger {
     /// bound once, so a binding never changes).
     warm_buckets: tokio::sync::Mutex<HashMap<BackendName, kv::Store>>,
     warm_bound: Mutex<HashMap<(BackendName, AssignmentId), WarmBinding>>,
+    /// [`TERMINAL_RECHECK`] unless set otherwise.
+    terminal_recheck: Duration,
 }
 
 impl JetStreamLedger {
@@ -64,7 +76,15 @@ impl JetStreamLedger {
             token_hashes: true,
             warm_buckets: tokio::sync::Mutex::new(HashMap::new()),
             warm_bound: Mutex::new(HashMap::new()),
+            terminal_recheck: TERMINAL_RECHECK,
         }
+    }
+
+    /// How long a claimed assignment's "not terminal" is believed without a read (default
+    /// [`TERMINAL_RECHECK`]; zero reads at every call).
+    pub fn terminal_recheck(mut self, every: Duration) -> Self {
+        self.terminal_recheck = every;
+        self
     }
 
     /// Whether lookups read the token hash of the current attempt (default true).
@@ -166,8 +186,14 @@ impl Ledger for JetStreamLedger {
         let sticky = self.sticky(id);
         if let Some(mut view) = sticky.claimed_view {
             view.claimed = true;
-            view.terminal =
-                sticky.terminal || self.exists(&view.backend, id, Kind::Terminal).await?;
+            let believed = sticky
+                .terminal_checked
+                .is_some_and(|at| at.elapsed() < self.terminal_recheck);
+            view.terminal = sticky.terminal
+                || (!believed && self.exists(&view.backend, id, Kind::Terminal).await?);
+            if !view.terminal && !believed {
+                self.remember(id, |s| s.terminal_checked = Some(Instant::now()));
+            }
             if view.terminal {
                 // The few calls after the final result read the subjects again; dropping the
                 // view keeps the cache to running jobs (a sealed task can be large).
@@ -242,6 +268,7 @@ impl Ledger for JetStreamLedger {
                 s.terminal |= terminal;
                 if settled {
                     s.claimed_view = Some(view.clone());
+                    s.terminal_checked = Some(Instant::now());
                 }
             });
             return Ok(Some(view));
@@ -279,6 +306,8 @@ impl Ledger for JetStreamLedger {
                     claimed: true,
                     ..view.clone()
                 });
+                // The lookup that led to this claim read the terminal subject.
+                s.terminal_checked = Some(Instant::now());
             }
         });
         self.unclaimed.settled(view.id);

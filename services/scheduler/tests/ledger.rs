@@ -40,6 +40,7 @@ fn created(id: AssignmentId, attempt: u32, token: &str) -> Envelope {
 async fn a_claimed_attempts_view_is_settled_and_only_terminal_is_read_again() {
     let world = World::start().await;
     let sealer = Arc::new(jr_scheduler::service::sealer_from_config(&world.config).expect("key"));
+    // Reading `terminal` at every call, so a terminal published elsewhere shows at once.
     let ledger = || {
         JetStreamLedger::new(
             world.bus.clone(),
@@ -47,6 +48,7 @@ async fn a_claimed_attempts_view_is_settled_and_only_terminal_is_read_again() {
             Arc::new(Unclaimed::new(Duration::from_secs(180))),
             sealer.clone(),
         )
+        .terminal_recheck(Duration::ZERO)
     };
     let (publisher, reader) = (ledger(), ledger());
     let id = AssignmentId::for_task("https://forge.test", 41);
@@ -132,4 +134,86 @@ async fn a_claimed_attempts_view_is_settled_and_only_terminal_is_read_again() {
         (after.attempt, after.claimed, after.terminal),
         (2, true, true)
     );
+}
+
+/// Within the recheck window a claimed assignment's "not terminal" is believed without reading
+/// the stream (a terminal published elsewhere is not seen yet), while a terminal this ledger
+/// published is known at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claimed_assignment_is_not_read_again_within_the_recheck_window() {
+    let world = World::start().await;
+    let sealer = Arc::new(jr_scheduler::service::sealer_from_config(&world.config).expect("key"));
+    let ledger = JetStreamLedger::new(
+        world.bus.clone(),
+        vec![pod()],
+        Arc::new(Unclaimed::new(Duration::from_secs(180))),
+        sealer.clone(),
+    )
+    .terminal_recheck(Duration::from_secs(3600));
+    let publish = |subject: String, envelope: Envelope| {
+        let bus = world.bus.clone();
+        async move { bus.publish(&subject, &envelope).await.expect("publish") }
+    };
+    let terminal = |id: AssignmentId, task: i64, source: TerminalSource| {
+        Envelope::new(
+            format!("terminal:{id}:{source:?}"),
+            2_000,
+            id,
+            1,
+            Message::Terminal(Terminal {
+                forge_task_id: task,
+                result: TaskResult::Failure,
+                source,
+                log_closed: false,
+                reason: None,
+            }),
+        )
+    };
+    let (elsewhere, here) = (
+        AssignmentId::for_task("https://forge.test", 51),
+        AssignmentId::for_task("https://forge.test", 52),
+    );
+    for (id, task) in [(elsewhere, 51), (here, 52)] {
+        publish(
+            subject::assignment(&pod(), id),
+            sealed_assignment(id, 1, task, &sealer),
+        )
+        .await;
+        publish(
+            subject::event(&pod(), id, Kind::WorkloadCreated),
+            created(id, 1, "token-1"),
+        )
+        .await;
+        let view = ledger.lookup(id).await.expect("lookup").expect("known");
+        assert!(
+            ledger
+                .publish_claimed(&view, "exec-1")
+                .await
+                .expect("claim")
+        );
+    }
+
+    publish(
+        subject::event(&pod(), elsewhere, Kind::Terminal),
+        terminal(elsewhere, 51, TerminalSource::FailTask),
+    )
+    .await;
+    let v = ledger
+        .lookup(elsewhere)
+        .await
+        .expect("lookup")
+        .expect("known");
+    assert_eq!(
+        (v.claimed, v.terminal),
+        (true, false),
+        "the terminal subject was read inside the window"
+    );
+
+    let view = ledger.lookup(here).await.expect("lookup").expect("known");
+    let Message::Terminal(t) = terminal(here, 52, TerminalSource::Executor).message else {
+        unreachable!("a terminal envelope")
+    };
+    assert!(ledger.publish_terminal(&view, t).await.expect("terminal"));
+    let v = ledger.lookup(here).await.expect("lookup").expect("known");
+    assert_eq!((v.claimed, v.terminal), (true, true));
 }

@@ -876,5 +876,5 @@ fn default_batch() -> usize {
     512
 }
 fn default_batch_linger() -> Duration {
-    Duration::from_millis(10)
+    Duration::from_millis(25)
 }

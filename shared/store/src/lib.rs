@@ -7,6 +7,7 @@
 //! The planner reads a [`Snapshot`] of the records that are not finished.
 
 mod apply;
+mod cache;
 mod memory;
 mod model;
 mod rows;

@@ -1,6 +1,7 @@
 //! The Postgres projection: [`Store`].
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use jr_protocol::{AssignmentId, Envelope};
 use serde::Serialize;
@@ -9,6 +10,7 @@ use sqlx::postgres::PgPoolOptions;
 use uuid::Uuid;
 
 use crate::StoreError;
+use crate::cache::RecordCache;
 use crate::memory::{Applied, ApplyStats};
 use crate::model::{AssignmentRecord, AssignmentState, Snapshot, TimelineEntry};
 use crate::rows::{Rows, decode};
@@ -39,10 +41,14 @@ pub struct SlotUsage {
     pub used: u64,
 }
 
-/// The projection in Postgres. Cheap to clone (a pool handle).
+/// The projection in Postgres. Cheap to clone (a pool handle); clones share the projector's
+/// copy of the records it wrote ([`crate::cache`]).
 #[derive(Clone, Debug)]
 pub struct Store {
     pool: PgPool,
+    /// Held for a whole write, so this process's writes are serialised here before they queue
+    /// on the database's advisory lock.
+    cache: Arc<tokio::sync::Mutex<RecordCache>>,
 }
 
 fn q(op: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
@@ -61,11 +67,14 @@ impl Store {
             .connect(url)
             .await
             .map_err(StoreError::Connect)?;
-        Ok(Self { pool })
+        Ok(Self::from_pool(pool))
     }
 
     pub fn from_pool(pool: PgPool) -> Self {
-        Self { pool }
+        Self {
+            pool,
+            cache: Arc::default(),
+        }
     }
 
     pub fn pool(&self) -> &PgPool {
@@ -177,13 +186,35 @@ impl Store {
     }
 
     async fn apply_items(&self, stream: &str, items: &[Item<'_>]) -> Result<Applied, StoreError> {
-        match self.apply_together(stream, items).await {
+        let mut cache = self.cache.lock().await;
+        let result = match self.apply_together(stream, items, &mut cache).await {
             Err(e) if e.is_data_error() => {
                 tracing::warn!(stream, error = %e, "batch refused by the database; applying it message by message");
+                cache.clear();
                 self.apply_one_by_one(stream, items).await
             }
             other => other,
+        };
+        if result.is_err() {
+            // Committed or not, the database's state is not known for sure: read it again.
+            cache.clear();
         }
+        result
+    }
+
+    /// Every stream's checkpoint, read under the projector's lock.
+    async fn checkpoints(
+        tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    ) -> Result<BTreeMap<String, u64>, StoreError> {
+        let rows: Vec<(String, i64)> =
+            sqlx::query_as("SELECT stream, last_seq FROM projector_checkpoint")
+                .fetch_all(&mut **tx)
+                .await
+                .map_err(q("read checkpoints"))?;
+        Ok(rows
+            .into_iter()
+            .map(|(stream, seq)| (stream, u64::try_from(seq).unwrap_or(0)))
+            .collect())
     }
 
     /// Locks the projection for this transaction and returns the stream's checkpoint.
@@ -239,18 +270,22 @@ impl Store {
         fresh
     }
 
-    /// The fast path: every fresh message folded and written with one statement per table.
+    /// The fast path: every fresh message folded and written with one statement per table,
+    /// over the records of `cache` where it holds them.
     async fn apply_together(
         &self,
         stream: &str,
         items: &[Item<'_>],
+        cache: &mut RecordCache,
     ) -> Result<Applied, StoreError> {
         let mut tx = self.pool.begin().await.map_err(q("begin"))?;
         let stored = Self::lock_checkpoint(&mut tx, stream).await?;
+        cache.validate(&Self::checkpoints(&mut tx).await?);
         let mut stats = ApplyStats::default();
         let fresh = Self::fresh(items, stored, &mut stats);
         if fresh.is_empty() {
             tx.commit().await.map_err(q("commit"))?;
+            cache.committed(stream, stored, []);
             return Ok(Applied {
                 stats,
                 records: Vec::new(),
@@ -267,10 +302,12 @@ impl Store {
             }
         }
         stats.applied = good.len();
-        let (touched, records) = fold_and_write(&mut tx, &good).await?;
-        stats.touched = touched;
+        let folded = fold_and_write(&mut tx, &good, Some(cache)).await?;
+        cache.loaded += folded.loaded as u64;
+        stats.touched = folded.touched;
         Self::write_checkpoint(&mut tx, stream, stats.checkpoint).await?;
         tx.commit().await.map_err(q("commit"))?;
+        cache.committed(stream, stats.checkpoint, folded.after.values());
         tracing::debug!(
             stream,
             applied = stats.applied,
@@ -279,7 +316,10 @@ impl Store {
             checkpoint = stats.checkpoint,
             "applied batch"
         );
-        Ok(Applied { stats, records })
+        Ok(Applied {
+            stats,
+            records: folded.changed,
+        })
     }
 
     /// The slow path after a data error: each message in its own savepoint; the ones the
@@ -308,8 +348,10 @@ impl Store {
             let mut savepoint = sqlx::Acquire::begin(&mut *tx)
                 .await
                 .map_err(q("savepoint"))?;
-            match fold_and_write(&mut savepoint, &[(item.seq, envelope)]).await {
-                Ok((_, records)) => {
+            match fold_and_write(&mut savepoint, &[(item.seq, envelope)], None).await {
+                Ok(Folded {
+                    changed: records, ..
+                }) => {
                     savepoint.commit().await.map_err(q("release savepoint"))?;
                     touched.insert(envelope.assignment_id);
                     changed.extend(records.into_iter().map(|r| (r.id, r)));
@@ -380,8 +422,17 @@ impl Store {
         Ok(seq.map_or(0, |s| u64::try_from(s).unwrap_or(0)))
     }
 
+    /// Records the writes of this handle (and its clones) read back from the database because
+    /// its copy of the records it wrote did not hold them; a projector that keeps up reads
+    /// only records it never wrote.
+    pub async fn records_read(&self) -> u64 {
+        self.cache.lock().await.loaded
+    }
+
     /// Drops all projection data including checkpoints, so replaying the streams rebuilds it.
     pub async fn reset(&self) -> Result<(), StoreError> {
+        let mut cache = self.cache.lock().await;
+        cache.clear();
         let mut tx = self.pool.begin().await.map_err(q("begin"))?;
         sqlx::query("SELECT pg_advisory_xact_lock($1)")
             .bind(PROJECTOR_LOCK)
@@ -644,22 +695,63 @@ async fn quarantine(
     Ok(())
 }
 
-/// Folds `items` into their records (loaded from the database) and writes the changed rows;
-/// returns how many records changed and the changed records, sorted by id.
+/// What [`fold_and_write`] did.
+struct Folded {
+    /// Records with a changed row.
+    touched: usize,
+    /// The changed records, sorted by id.
+    changed: Vec<AssignmentRecord>,
+    /// Every record of the batch as it is now.
+    after: BTreeMap<AssignmentId, AssignmentRecord>,
+    /// Records read from the database.
+    loaded: usize,
+}
+
+/// Folds `items` into their records (from `cache` where it holds them, else loaded from the
+/// database) and writes the changed rows.
 async fn fold_and_write(
     conn: &mut sqlx::PgConnection,
     items: &[(u64, &Envelope)],
-) -> Result<(usize, Vec<AssignmentRecord>), StoreError> {
+    cache: Option<&RecordCache>,
+) -> Result<Folded, StoreError> {
     if items.is_empty() {
-        return Ok((0, Vec::new()));
+        return Ok(Folded {
+            touched: 0,
+            changed: Vec::new(),
+            after: BTreeMap::new(),
+            loaded: 0,
+        });
     }
-    let ids: BTreeSet<Uuid> = items.iter().map(|(_, e)| e.assignment_id.0).collect();
-    let ids: Vec<Uuid> = ids.into_iter().collect();
-    let before: BTreeMap<AssignmentId, AssignmentRecord> =
-        decode(load_rows(&mut *conn, Scope::Ids(&ids)).await?)?
-            .into_iter()
-            .map(|r| (r.id, r))
-            .collect();
+    let ids: BTreeSet<AssignmentId> = items.iter().map(|(_, e)| e.assignment_id).collect();
+    let mut before: BTreeMap<AssignmentId, AssignmentRecord> = BTreeMap::new();
+    let mut missing: Vec<Uuid> = Vec::new();
+    let mut loaded = 0;
+    for id in ids {
+        match cache.and_then(|c| c.get(&id)) {
+            Some(record) => {
+                before.insert(id, record.clone());
+            }
+            None => missing.push(id.0),
+        }
+    }
+    if !missing.is_empty() {
+        // Every record has its `assignments` row, so the other tables are read only for the
+        // ids found there (a new assignment's first messages need one query, not seven).
+        let present: Vec<Uuid> =
+            sqlx::query_scalar("SELECT id FROM assignments WHERE id = ANY($1)")
+                .bind(&missing)
+                .fetch_all(&mut *conn)
+                .await
+                .map_err(q("load"))?;
+        if !present.is_empty() {
+            loaded = present.len();
+            before.extend(
+                decode(load_rows(&mut *conn, Scope::Ids(&present)).await?)?
+                    .into_iter()
+                    .map(|r| (r.id, r)),
+            );
+        }
+    }
     let mut after = before.clone();
     for (seq, envelope) in items {
         after
@@ -673,11 +765,16 @@ async fn fold_and_write(
     }
     write_rows(&mut *conn, &changed).await?;
     let records = after
-        .into_iter()
-        .filter(|(id, record)| before.get(id) != Some(record))
-        .map(|(_, record)| record)
+        .iter()
+        .filter(|(id, record)| before.get(id) != Some(*record))
+        .map(|(_, record)| record.clone())
         .collect();
-    Ok((changed.assignments.len(), records))
+    Ok(Folded {
+        touched: changed.assignments.len(),
+        changed: records,
+        after,
+        loaded,
+    })
 }
 
 #[cfg(test)]
