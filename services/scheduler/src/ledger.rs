@@ -181,11 +181,21 @@ impl JetStreamLedger {
     }
 }
 
-impl Ledger for JetStreamLedger {
-    async fn lookup(&self, id: AssignmentId) -> Result<Option<AssignmentView>, LedgerError> {
+impl JetStreamLedger {
+    /// [`Ledger::lookup`]; without `progress`, `claimed` and `terminal` are not read (unless
+    /// already known) and nothing is remembered.
+    async fn view(
+        &self,
+        id: AssignmentId,
+        progress: bool,
+    ) -> Result<Option<AssignmentView>, LedgerError> {
         let sticky = self.sticky(id);
         if let Some(mut view) = sticky.claimed_view {
             view.claimed = true;
+            if !progress {
+                view.terminal = sticky.terminal;
+                return Ok(Some(view));
+            }
             let believed = sticky
                 .terminal_checked
                 .is_some_and(|at| at.elapsed() < self.terminal_recheck);
@@ -236,6 +246,19 @@ impl Ledger for JetStreamLedger {
                 }
             }
             let mut sticky = self.sticky(id);
+            if !progress {
+                return Ok(Some(AssignmentView {
+                    id,
+                    backend: backend.clone(),
+                    attempt,
+                    forge_task_id: assignment.forge_task_id,
+                    sealed_task: assignment.sealed_task,
+                    token_hash,
+                    claimed: sticky.claimed,
+                    terminal: sticky.terminal,
+                    trace: envelope.trace.clone().map(Box::new),
+                }));
+            }
             // The attempt that claimed, when a claim exists.
             let mut claimed_attempt = None;
             if !sticky.claimed {
@@ -274,6 +297,16 @@ impl Ledger for JetStreamLedger {
             return Ok(Some(view));
         }
         Ok(None)
+    }
+}
+
+impl Ledger for JetStreamLedger {
+    async fn lookup(&self, id: AssignmentId) -> Result<Option<AssignmentView>, LedgerError> {
+        self.view(id, true).await
+    }
+
+    async fn identify(&self, id: AssignmentId) -> Result<Option<AssignmentView>, LedgerError> {
+        self.view(id, false).await
     }
 
     async fn publish_claimed(

@@ -138,7 +138,7 @@ async fn a_claimed_attempts_view_is_settled_and_only_terminal_is_read_again() {
 
 /// Within the recheck window a claimed assignment's "not terminal" is believed without reading
 /// the stream (a terminal published elsewhere is not seen yet), while a terminal this ledger
-/// published is known at once.
+/// published is known at once; identifying an executor reads no progress at all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claimed_assignment_is_not_read_again_within_the_recheck_window() {
     let world = World::start().await;
@@ -208,6 +208,36 @@ async fn a_claimed_assignment_is_not_read_again_within_the_recheck_window() {
         (true, false),
         "the terminal subject was read inside the window"
     );
+
+    // Identifying the executor (Declare) reads neither `claimed` nor `terminal`; a lookup
+    // does. A fresh ledger knows nothing of either.
+    let fresh = JetStreamLedger::new(
+        world.bus.clone(),
+        vec![pod()],
+        Arc::new(Unclaimed::new(Duration::from_secs(180))),
+        sealer.clone(),
+    );
+    let who = fresh
+        .identify(elsewhere)
+        .await
+        .expect("identify")
+        .expect("known");
+    assert_eq!(
+        (
+            who.attempt,
+            who.token_hash.clone(),
+            who.claimed,
+            who.terminal
+        ),
+        (1, Some(TokenHash::of_token("token-1")), false, false),
+        "identify read the progress subjects"
+    );
+    let all = fresh
+        .lookup(elsewhere)
+        .await
+        .expect("lookup")
+        .expect("known");
+    assert_eq!((all.claimed, all.terminal), (true, true));
 
     let view = ledger.lookup(here).await.expect("lookup").expect("known");
     let Message::Terminal(t) = terminal(here, 52, TerminalSource::Executor).message else {

@@ -144,6 +144,15 @@ pub(crate) enum Authenticated {
     Warm { warm: AssignmentId },
 }
 
+/// What a call needs to know about its assignment besides who may call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Need {
+    /// Only the caller's identity (Declare): `claimed` and `terminal` are not read.
+    Identity,
+    /// The task's progress too (`claimed`, `terminal`).
+    Progress,
+}
+
 /// Failure to authenticate: a definite refusal, or the ledger could not be asked.
 #[derive(Debug)]
 pub(crate) enum AuthFailure {
@@ -152,8 +161,12 @@ pub(crate) enum AuthFailure {
 }
 
 impl<L: Ledger> Facade<L> {
-    pub(crate) async fn authenticate(&self, caller: &Caller) -> Result<Authenticated, AuthFailure> {
-        let result = self.check_caller(caller).await;
+    pub(crate) async fn authenticate(
+        &self,
+        caller: &Caller,
+        need: Need,
+    ) -> Result<Authenticated, AuthFailure> {
+        let result = self.check_caller(caller, need).await;
         match &result {
             Err(AuthFailure::Refused(reason)) => {
                 self.counters.refused(*reason);
@@ -168,7 +181,11 @@ impl<L: Ledger> Facade<L> {
         result
     }
 
-    async fn check_caller(&self, caller: &Caller) -> Result<Authenticated, AuthFailure> {
+    async fn check_caller(
+        &self,
+        caller: &Caller,
+        need: Need,
+    ) -> Result<Authenticated, AuthFailure> {
         let refuse = |reason| Err(AuthFailure::Refused(reason));
         let mode = self.settings.mode;
         let Some(uuid) = caller.uuid.as_deref() else {
@@ -221,7 +238,11 @@ impl<L: Ledger> Facade<L> {
             return Ok(warm);
         }
 
-        let Some(view) = self.ledger.lookup(id).await.map_err(AuthFailure::Ledger)? else {
+        let found = match need {
+            Need::Identity => self.ledger.identify(id).await,
+            Need::Progress => self.ledger.lookup(id).await,
+        };
+        let Some(view) = found.map_err(AuthFailure::Ledger)? else {
             // With a token key for every backend the facade needs nothing from the bus to check
             // an executor, and a workload exists only for a stored assignment: an unknown id
             // is not one of ours. Without the keys, the hash may simply not be visible yet.

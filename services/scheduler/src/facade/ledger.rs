@@ -63,6 +63,16 @@ pub trait Ledger: Send + Sync + 'static {
         id: AssignmentId,
     ) -> impl Future<Output = Result<Option<AssignmentView>, LedgerError>> + Send;
 
+    /// The assignment as far as checking its executor needs (backend, attempt, token hash,
+    /// sealed task); `claimed` and `terminal` may be left unread (false). For calls that decide
+    /// nothing on the task's progress (Declare).
+    fn identify(
+        &self,
+        id: AssignmentId,
+    ) -> impl Future<Output = Result<Option<AssignmentView>, LedgerError>> + Send {
+        self.lookup(id)
+    }
+
     /// Once-only `claimed` for `view.attempt`. `Ok(true)`: this call created it;
     /// `Ok(false)`: a claim already existed.
     fn publish_claimed(
@@ -231,6 +241,13 @@ impl<T: Ledger> Ledger for std::sync::Arc<T> {
         id: AssignmentId,
     ) -> impl Future<Output = Result<Option<AssignmentView>, LedgerError>> + Send {
         (**self).lookup(id)
+    }
+
+    fn identify(
+        &self,
+        id: AssignmentId,
+    ) -> impl Future<Output = Result<Option<AssignmentView>, LedgerError>> + Send {
+        (**self).identify(id)
     }
 
     fn publish_claimed(

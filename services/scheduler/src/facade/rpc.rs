@@ -23,7 +23,7 @@ use jr_forge::{Code, ForgeError, connect_error_body};
 use jr_protocol::{Terminal, TerminalSource};
 use prost::Message;
 
-use super::auth::{AuthFailure, Authenticated, Caller, ClientIdentity};
+use super::auth::{AuthFailure, Authenticated, Caller, ClientIdentity, Need};
 use super::progress::{Admission, FollowUp};
 use super::proxy::proxy;
 use super::stats::bump;
@@ -159,7 +159,13 @@ async fn runner_service<L: Ledger>(
     let caller = Caller::from_request(&parts.headers, parts.extensions.get::<ClientIdentity>());
     // Authenticate from the headers before reading any body: a caller that is not an executor
     // of ours never makes the facade buffer (or wait for) a body.
-    let mut auth = match f.authenticate(&caller).await {
+    // Declare decides nothing on the task's progress: who is calling is all it needs.
+    let need = if method == "Declare" {
+        Need::Identity
+    } else {
+        Need::Progress
+    };
+    let mut auth = match f.authenticate(&caller, need).await {
         Err(refused @ AuthFailure::Refused(_)) => return auth_error(refused).into_response(),
         other => other,
     };
@@ -189,7 +195,7 @@ async fn runner_service<L: Ledger>(
                 }
                 None => tokio::time::sleep(left.min(PENDING_POLL)).await,
             }
-            auth = f.authenticate(&caller).await;
+            auth = f.authenticate(&caller, need).await;
         }
         if let Some(warm) = watched {
             f.warm_unwatch(warm);
