@@ -210,6 +210,17 @@ pub(crate) struct Rows {
 }
 
 impl Rows {
+    /// Gives back what the vectors hold beyond their length (for rows kept a long time).
+    pub fn shrink_to_fit(&mut self) {
+        self.assignments.shrink_to_fit();
+        self.attempts.shrink_to_fit();
+        self.claims.shrink_to_fit();
+        self.terminals.shrink_to_fit();
+        self.failures.shrink_to_fit();
+        self.redispatches.shrink_to_fit();
+        self.workloads.shrink_to_fit();
+    }
+
     /// Appends the rows of `after` that differ from the rows of `before` (`None` = new record).
     /// Records only grow, so no row ever has to be deleted.
     pub fn push_changed(&mut self, before: Option<&AssignmentRecord>, after: &AssignmentRecord) {

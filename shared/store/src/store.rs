@@ -729,7 +729,7 @@ async fn fold_and_write(
     for id in ids {
         match cache.and_then(|c| c.get(&id)) {
             Some(record) => {
-                before.insert(id, record.clone());
+                before.insert(id, record);
             }
             None => missing.push(id.0),
         }
