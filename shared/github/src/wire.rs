@@ -1,0 +1,248 @@
+//! The JSON the scale set service speaks. Unknown fields are ignored; fields the client needs
+//! are required, so a changed protocol fails loudly instead of running on defaults.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Statistics {
+    pub total_available_jobs: i64,
+    pub total_acquired_jobs: i64,
+    /// Waiting and running jobs of the scale set: the scaling target.
+    pub total_assigned_jobs: i64,
+    pub total_running_jobs: i64,
+    pub total_registered_runners: i64,
+    pub total_busy_runners: i64,
+    pub total_idle_runners: i64,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+pub struct Label {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub name: String,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct RunnerGroup {
+    pub id: i64,
+    pub name: String,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct RunnerScaleSet {
+    pub id: i64,
+    pub name: String,
+    pub runner_group_id: i64,
+    #[serde(default)]
+    pub labels: Vec<Label>,
+    #[serde(default)]
+    pub statistics: Option<Statistics>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+pub(crate) struct List<T> {
+    pub count: usize,
+    #[serde(default = "Vec::new")]
+    pub value: Vec<T>,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Session {
+    pub session_id: String,
+    #[serde(default)]
+    pub owner_name: String,
+    pub message_queue_url: String,
+    pub message_queue_access_token: String,
+    pub statistics: Option<Statistics>,
+}
+
+/// One message of the queue: a batch of job messages.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueueMessage {
+    pub id: i64,
+    pub jobs: Vec<JobMessage>,
+    pub statistics: Statistics,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct RawQueueMessage {
+    pub message_id: i64,
+    pub message_type: String,
+    #[serde(default)]
+    pub body: String,
+    pub statistics: Statistics,
+}
+
+/// What every job message says about its job.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", default)]
+pub struct JobFacts {
+    pub runner_request_id: i64,
+    pub job_id: String,
+    pub repository_name: String,
+    pub owner_name: String,
+    /// `{owner}/{repo}/.github/workflows/{file}@{ref}`.
+    pub job_workflow_ref: String,
+    pub job_display_name: String,
+    pub workflow_run_id: i64,
+    pub event_name: String,
+    pub request_labels: Vec<String>,
+}
+
+/// A job message by its `messageType`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum JobMessage {
+    /// Offered; must be acquired before it is assigned (GitHub Enterprise Server).
+    Available(JobFacts),
+    /// Assigned to this scale set: a runner of it will get it.
+    Assigned(JobFacts),
+    Started {
+        job: JobFacts,
+        runner_id: i64,
+        runner_name: String,
+    },
+    Completed {
+        job: JobFacts,
+        result: String,
+        runner_id: i64,
+        runner_name: String,
+    },
+    /// A type this client does not know (ignored, but kept visible in logs).
+    Other { message_type: String },
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawJobMessage {
+    message_type: String,
+    #[serde(flatten)]
+    facts: JobFacts,
+    #[serde(default)]
+    runner_id: i64,
+    #[serde(default)]
+    runner_name: String,
+    #[serde(default)]
+    result: String,
+}
+
+impl JobMessage {
+    pub(crate) fn parse(value: serde_json::Value) -> Result<JobMessage, serde_json::Error> {
+        let raw: RawJobMessage = serde_json::from_value(value)?;
+        Ok(match raw.message_type.as_str() {
+            "JobAvailable" => JobMessage::Available(raw.facts),
+            "JobAssigned" => JobMessage::Assigned(raw.facts),
+            "JobStarted" => JobMessage::Started {
+                job: raw.facts,
+                runner_id: raw.runner_id,
+                runner_name: raw.runner_name,
+            },
+            "JobCompleted" => JobMessage::Completed {
+                job: raw.facts,
+                result: raw.result,
+                runner_id: raw.runner_id,
+                runner_name: raw.runner_name,
+            },
+            _ => JobMessage::Other {
+                message_type: raw.message_type,
+            },
+        })
+    }
+
+    pub fn facts(&self) -> Option<&JobFacts> {
+        match self {
+            JobMessage::Available(f) | JobMessage::Assigned(f) => Some(f),
+            JobMessage::Started { job, .. } | JobMessage::Completed { job, .. } => Some(job),
+            JobMessage::Other { .. } => None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct RunnerReference {
+    pub id: i64,
+    pub name: String,
+    #[serde(default)]
+    pub runner_scale_set_id: i64,
+}
+
+/// A one-use runner registration: the runner starts with `--jitconfig <encoded>`. A secret.
+#[derive(Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JitConfig {
+    pub runner: RunnerReference,
+    #[serde(rename = "encodedJITConfig")]
+    pub encoded: String,
+}
+
+impl std::fmt::Debug for JitConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JitConfig")
+            .field("runner", &self.runner)
+            .field("encoded", &"<secret>")
+            .finish()
+    }
+}
+
+/// What the REST workflow run says about where its code comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunOrigin {
+    pub event: String,
+    pub repository: String,
+    pub head_repository: String,
+}
+
+impl RunOrigin {
+    /// The run's code comes from another repository than the one it runs for.
+    pub fn from_fork(&self) -> bool {
+        !self.head_repository.eq_ignore_ascii_case(&self.repository)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn job_messages_by_type() {
+        let started = serde_json::json!({
+            "messageType": "JobStarted", "runnerRequestId": 7, "jobId": "j",
+            "repositoryName": "app", "ownerName": "acme", "eventName": "push",
+            "requestLabels": ["x"], "runnerId": 3, "runnerName": "r-3", "unknown": 1,
+        });
+        let parsed = JobMessage::parse(started).expect("parse");
+        let JobMessage::Started {
+            job,
+            runner_id,
+            runner_name,
+        } = parsed
+        else {
+            panic!("not started");
+        };
+        assert_eq!(
+            (job.runner_request_id, runner_id, runner_name.as_str()),
+            (7, 3, "r-3")
+        );
+        let other = JobMessage::parse(serde_json::json!({"messageType": "Bogus"})).expect("parse");
+        assert_eq!(
+            other,
+            JobMessage::Other {
+                message_type: "Bogus".into()
+            }
+        );
+    }
+
+    #[test]
+    fn a_jit_config_is_never_printed() {
+        let jit: JitConfig = serde_json::from_value(serde_json::json!({
+            "runner": {"id": 1, "name": "n"}, "encodedJITConfig": "c2VjcmV0"
+        }))
+        .expect("parse");
+        assert!(!format!("{jit:?}").contains("c2VjcmV0"));
+    }
+}
