@@ -11,6 +11,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use crate::GitHubError;
+use crate::app::{AppKey, InstallationToken};
 use crate::retry::{RetryPolicy, refused};
 use crate::scope::ConfigUrl;
 use crate::session::MessageSession;
@@ -31,12 +32,29 @@ pub enum Credentials {
     /// A personal access token (classic: `repo`, `admin:org` or `manage_runners:enterprise`
     /// for the three scopes; fine-grained: self-hosted runners read/write).
     Pat(String),
+    /// A GitHub App installation: `issuer` is the App's client id (or numeric App id),
+    /// `private_key_pem` its private key.
+    App {
+        issuer: String,
+        installation_id: u64,
+        private_key_pem: String,
+    },
 }
 
 impl std::fmt::Debug for Credentials {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Credentials::Pat(_) => f.write_str("Pat(<secret>)"),
+            Credentials::App {
+                issuer,
+                installation_id,
+                ..
+            } => {
+                write!(
+                    f,
+                    "App {{ issuer: {issuer:?}, installation_id: {installation_id}, private_key_pem: <secret> }}"
+                )
+            }
         }
     }
 }
@@ -59,10 +77,21 @@ struct Admin {
     exp: u64,
 }
 
+/// The credential, ready to use.
+enum Auth {
+    Pat(String),
+    App {
+        issuer: String,
+        installation_id: u64,
+        key: Box<AppKey>,
+        token: tokio::sync::Mutex<Option<InstallationToken>>,
+    },
+}
+
 struct Inner {
     http: reqwest::Client,
     config: ConfigUrl,
-    credentials: Credentials,
+    auth: Auth,
     retry: RetryPolicy,
     admin: tokio::sync::Mutex<Option<Admin>>,
     renewals: AtomicU64,
@@ -112,6 +141,22 @@ impl ScaleSetClient {
         // reqwest is built without a default TLS provider; the process needs one (a second
         // install is a no-op).
         let _ = rustls::crypto::ring::default_provider().install_default();
+        let auth = match settings.credentials {
+            Credentials::Pat(token) if token.trim().is_empty() => {
+                return Err(GitHubError::Config("the GitHub token is empty".into()));
+            }
+            Credentials::Pat(token) => Auth::Pat(token),
+            Credentials::App {
+                issuer,
+                installation_id,
+                private_key_pem,
+            } => Auth::App {
+                issuer,
+                installation_id,
+                key: Box::new(AppKey::from_pem(&private_key_pem)?),
+                token: tokio::sync::Mutex::new(None),
+            },
+        };
         let http = reqwest::Client::builder()
             .user_agent(settings.user_agent)
             .connect_timeout(Duration::from_secs(10))
@@ -123,7 +168,7 @@ impl ScaleSetClient {
             inner: Arc::new(Inner {
                 http,
                 config,
-                credentials: settings.credentials,
+                auth,
                 retry: settings.retry,
                 admin: tokio::sync::Mutex::new(None),
                 renewals: AtomicU64::new(0),
@@ -144,17 +189,57 @@ impl ScaleSetClient {
         self.inner.renewals.load(Ordering::Relaxed)
     }
 
-    fn credential(&self) -> String {
-        match &self.inner.credentials {
-            Credentials::Pat(token) => token.clone(),
+    /// The token REST calls carry: the PAT, or an installation token minted with the App's
+    /// JWT and kept until shortly before it expires.
+    async fn credential(&self) -> Result<String, GitHubError> {
+        const OP: &str = "installation token";
+        let (issuer, installation_id, key, cached) = match &self.inner.auth {
+            Auth::Pat(token) => return Ok(token.clone()),
+            Auth::App {
+                issuer,
+                installation_id,
+                key,
+                token,
+            } => (issuer, installation_id, key, token),
+        };
+        let mut cached = cached.lock().await;
+        if let Some(token) = cached.as_ref().filter(|t| t.fresh()) {
+            return Ok(token.token.clone());
         }
+        let url = format!(
+            "{}/app/installations/{installation_id}/access_tokens",
+            self.inner.config.api
+        );
+        let jwt = key.jwt(issuer, unix_now())?;
+        let response = self
+            .inner
+            .retry
+            .send(OP, || {
+                self.inner
+                    .http
+                    .post(&url)
+                    .bearer_auth(&jwt)
+                    .header("Accept", "application/vnd.github+json")
+                    .timeout(CALL_TIMEOUT)
+            })
+            .await?;
+        #[derive(serde::Deserialize)]
+        struct Minted {
+            token: String,
+            expires_at: String,
+        }
+        let minted: Minted = Self::expect(OP, response, StatusCode::CREATED).await?;
+        let token = InstallationToken::parse(minted.token, &minted.expires_at)?;
+        let value = token.token.clone();
+        *cached = Some(token);
+        Ok(value)
     }
 
     /// Registration token, then the Actions service URL and admin token for it.
     async fn renew_admin(&self) -> Result<Admin, GitHubError> {
         let config = &self.inner.config;
         let url = format!("{}{}", config.api, config.registration_token_path());
-        let credential = self.credential();
+        let credential = self.credential().await?;
         let response = self
             .inner
             .retry
@@ -527,7 +612,7 @@ impl ScaleSetClient {
             "{}/repos/{owner}/{repo}/actions/runs/{run_id}",
             self.inner.config.api
         );
-        let credential = self.credential();
+        let credential = self.credential().await?;
         let response = self
             .inner
             .retry

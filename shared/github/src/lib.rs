@@ -10,6 +10,7 @@
 //! 403 that carries it (GitHub's secondary rate limits). What is still refused after the last
 //! try comes back as a [`GitHubError`] that says whether it was backpressure.
 
+mod app;
 mod client;
 mod error;
 mod retry;

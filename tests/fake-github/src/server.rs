@@ -30,6 +30,7 @@ use handlers::router;
 /// The endpoints a fault can be set on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Route {
+    AccessToken,
     RegistrationToken,
     RunnerRegistration,
     WorkflowRun,
@@ -69,8 +70,18 @@ pub struct RequestRecord {
     pub status: u16,
 }
 
-struct Tokens {
+/// The GitHub App the fake knows: its issuer, installation and public key (RSAPublicKey DER).
+pub(crate) struct App {
+    pub issuer: String,
+    pub installation_id: u64,
+    pub public_key: Vec<u8>,
+}
+
+pub(crate) struct Tokens {
     pat: String,
+    pub app: Option<App>,
+    /// Installation tokens handed out (accepted like the PAT).
+    pub installation: HashSet<String>,
     registration: HashSet<String>,
     /// Admin token → expiry (unix seconds).
     admin: HashMap<String, u64>,
@@ -191,9 +202,13 @@ impl Shared {
         response
     }
 
+    /// The REST credential: the PAT or an installation token.
     fn pat_ok(&self, headers: &HeaderMap) -> bool {
-        let pat = lock(&self.tokens).pat.clone();
-        bearer(headers, "Bearer").or_else(|| bearer(headers, "token")) == Some(pat)
+        let Some(token) = bearer(headers, "Bearer").or_else(|| bearer(headers, "token")) else {
+            return false;
+        };
+        let tokens = lock(&self.tokens);
+        token == tokens.pat || tokens.installation.contains(&token)
     }
 
     /// The admin token of an Actions service call, valid and unexpired.
@@ -252,6 +267,8 @@ impl FakeGitHub {
             world: Mutex::new(World::new()),
             tokens: Mutex::new(Tokens {
                 pat: pat.to_owned(),
+                app: None,
+                installation: HashSet::new(),
                 registration: HashSet::new(),
                 admin: HashMap::new(),
                 admin_ttl: Duration::from_secs(600),
@@ -311,6 +328,28 @@ impl FakeGitHub {
 
     pub fn set_acquire_limit(&self, limit: Option<usize>) {
         self.world().acquire_limit = limit;
+    }
+
+    /// Accepts GitHub App `issuer` of installation `installation_id` whose key is
+    /// `private_key_pem` (PKCS#1; the fake keeps only the public half).
+    pub fn set_app(
+        &self,
+        issuer: &str,
+        installation_id: u64,
+        private_key_pem: &str,
+    ) -> Result<(), String> {
+        use rustls_pki_types::pem::PemObject;
+        let der = rustls_pki_types::PrivatePkcs1KeyDer::from_pem_slice(private_key_pem.as_bytes())
+            .map_err(|e| e.to_string())?;
+        let key = ring::signature::RsaKeyPair::from_der(der.secret_pkcs1_der())
+            .map_err(|e| e.to_string())?;
+        let public_key = ring::signature::KeyPair::public_key(&key).as_ref().to_vec();
+        lock(&self.shared.tokens).app = Some(App {
+            issuer: issuer.to_owned(),
+            installation_id,
+            public_key,
+        });
+        Ok(())
     }
 
     /// How long an admin token lives from now on.

@@ -405,3 +405,90 @@ async fn a_wrong_pat_is_refused_without_retries() {
     assert_eq!(error.status(), Some(401));
     assert_eq!(fake.count(Route::RegistrationToken), 1);
 }
+
+/// A key made for these tests only (`openssl genrsa -traditional 2048`); it signs nothing else.
+const APP_KEY: &str = include_str!("data/app-key.pem");
+
+fn app_client(fake: &FakeGitHub, installation_id: u64) -> ScaleSetClient {
+    ScaleSetClient::new(Settings {
+        url: "https://github.com/acme".into(),
+        api: Some(fake.url()),
+        credentials: Credentials::App {
+            issuer: "Iv1.jetrunner".into(),
+            installation_id,
+            private_key_pem: APP_KEY.into(),
+        },
+        retry: RetryPolicy {
+            attempts: 2,
+            base: Duration::from_millis(10),
+            cap: Duration::from_millis(50),
+            max_retry_after: Duration::from_secs(5),
+        },
+        user_agent: "jetrunner-test".into(),
+    })
+    .expect("client")
+}
+
+#[tokio::test]
+async fn a_github_app_signs_in_with_its_key_and_keeps_its_installation_token() {
+    let fake = FakeGitHub::start(PAT).await.expect("fake");
+    fake.set_app("Iv1.jetrunner", 42, APP_KEY).expect("app");
+    let client = app_client(&fake, 42);
+    client
+        .runner_group("default")
+        .await
+        .expect("group through the App");
+    let request = fake.enqueue(JobSpec::push(&["x"]));
+    let run = fake.job(request).expect("job").run_id;
+    client
+        .run_origin("acme", "app", run)
+        .await
+        .expect("REST through the App");
+    assert_eq!(
+        fake.count(Route::AccessToken),
+        1,
+        "the installation token was not kept"
+    );
+    // Another installation's id is refused: the JWT alone proves nothing about it.
+    let wrong = app_client(&fake, 43);
+    let error = wrong
+        .runner_group("default")
+        .await
+        .expect_err("wrong installation");
+    assert_eq!(error.status(), Some(401));
+    // A key that is not the App's is refused.
+    fake.set_app(
+        "Iv1.jetrunner",
+        42,
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/data/other-key.pem"
+        ))
+        .expect("other key"),
+    )
+    .expect("app");
+    let error = app_client(&fake, 42)
+        .runner_group("default")
+        .await
+        .expect_err("wrong key");
+    assert_eq!(error.status(), Some(401));
+}
+
+#[test]
+fn a_bad_app_key_is_a_configuration_error() {
+    let error = ScaleSetClient::new(Settings {
+        url: "https://github.com/acme".into(),
+        api: None,
+        credentials: Credentials::App {
+            issuer: "1".into(),
+            installation_id: 1,
+            private_key_pem:
+                "-----BEGIN RSA PRIVATE KEY-----\nAAAA\n-----END RSA PRIVATE KEY-----\n".into(),
+        },
+        retry: RetryPolicy::default(),
+        user_agent: "t".into(),
+    })
+    .err()
+    .expect("bad key accepted");
+    assert!(error.to_string().contains("private key"), "{error}");
+}

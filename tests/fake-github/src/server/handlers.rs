@@ -12,6 +12,10 @@ pub(super) fn router(shared: Arc<Shared>) -> Router {
     const S: &str = "/actions-service/_apis";
     Router::new()
         .route(
+            "/app/installations/{installation}/access_tokens",
+            post(access_token),
+        )
+        .route(
             "/orgs/{org}/actions/runners/registration-token",
             post(registration_token_org),
         )
@@ -510,4 +514,89 @@ async fn delete_runner(
     };
     drop(world);
     s.record(Route::DeleteRunner, response)
+}
+
+/// Checks an App JWT as GitHub does: RS256 by the App's key, `iss` the App, issued no later
+/// than now (a minute of skew allowed), expiring within ten minutes.
+fn app_jwt_ok(app: &App, jwt: &str) -> Result<(), &'static str> {
+    let mut parts = jwt.split('.');
+    let (Some(header), Some(payload), Some(signature), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err("not a JWT");
+    };
+    let header: Value = URL_SAFE_NO_PAD
+        .decode(header)
+        .ok()
+        .and_then(|h| serde_json::from_slice(&h).ok())
+        .ok_or("bad header")?;
+    if header.get("alg").and_then(Value::as_str) != Some("RS256") {
+        return Err("alg must be RS256");
+    }
+    let signature = URL_SAFE_NO_PAD
+        .decode(signature)
+        .map_err(|_| "bad signature encoding")?;
+    let key = ring::signature::UnparsedPublicKey::new(
+        &ring::signature::RSA_PKCS1_2048_8192_SHA256,
+        &app.public_key,
+    );
+    key.verify(
+        format!("{}.{payload}", jwt.split('.').next().unwrap_or_default()).as_bytes(),
+        &signature,
+    )
+    .map_err(|_| "signature does not verify")?;
+    let claims: Value = URL_SAFE_NO_PAD
+        .decode(payload)
+        .ok()
+        .and_then(|p| serde_json::from_slice(&p).ok())
+        .ok_or("bad payload")?;
+    let now = unix_now();
+    let (Some(iat), Some(exp), Some(iss)) = (
+        claims.get("iat").and_then(Value::as_u64),
+        claims.get("exp").and_then(Value::as_u64),
+        claims.get("iss").and_then(|v| {
+            v.as_str()
+                .map(str::to_owned)
+                .or_else(|| v.as_u64().map(|n| n.to_string()))
+        }),
+    ) else {
+        return Err("iat, exp and iss are required");
+    };
+    if iss != app.issuer {
+        return Err("iss is not this App");
+    }
+    if iat > now + 60 || exp <= now || exp > now + 600 {
+        return Err("iat in the future or exp not within ten minutes");
+    }
+    Ok(())
+}
+
+async fn access_token(State(s): St, Path(installation): Path<u64>, headers: HeaderMap) -> Response {
+    if let Some(r) = s.fault(Route::AccessToken) {
+        return s.record(Route::AccessToken, r);
+    }
+    let jwt = bearer(&headers, "Bearer").unwrap_or_default();
+    let mut tokens = lock(&s.tokens);
+    let verdict = match tokens.app.as_ref() {
+        None => Err("no App configured"),
+        Some(app) if app.installation_id != installation => Err("not this App's installation"),
+        Some(app) => app_jwt_ok(app, &jwt),
+    };
+    let response = match verdict {
+        Err(why) => json_reply(StatusCode::UNAUTHORIZED, &json!({"message": why})),
+        Ok(()) => {
+            let token = random_token("ghs_");
+            tokens.installation.insert(token.clone());
+            let expires = time::OffsetDateTime::now_utc() + time::Duration::hours(1);
+            let expires_at = expires
+                .format(&time::format_description::well_known::Rfc3339)
+                .unwrap_or_default();
+            json_reply(
+                StatusCode::CREATED,
+                &json!({"token": token, "expires_at": expires_at, "permissions": {}}),
+            )
+        }
+    };
+    drop(tokens);
+    s.record(Route::AccessToken, response)
 }
