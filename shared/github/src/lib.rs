@@ -12,13 +12,16 @@
 
 mod app;
 mod client;
+mod driver;
 mod error;
+pub mod listener;
 mod retry;
 mod scope;
 mod session;
 pub mod wire;
 
 pub use client::{Credentials, ScaleSetClient, Settings};
+pub use driver::{ListenError, Listener, Sink, SinkError};
 pub use error::GitHubError;
 pub use retry::RetryPolicy;
 pub use scope::{ConfigUrl, Scope};

@@ -1,0 +1,424 @@
+//! What a scale set listener decides for each queue message, as a pure function of the
+//! message, what it already tracks and how much room the backends have: which offered jobs to
+//! acquire, which assigned jobs become jetrunner assignments, and which runner starts and job
+//! completions become the once-only `claimed` and `terminal` facts. The driver performs the
+//! actions in order and deletes the message only after all of them succeeded, so a crash
+//! in between makes the service deliver the message again, and every decision here is
+//! idempotent under that redelivery.
+//!
+//! Identity: each time GitHub assigns a job to the scale set it becomes one jetrunner
+//! assignment, whose id is derived from the forge, the job's `runnerRequestId` and the message
+//! that assigned it. A job the service assigns again after its runner never started (it sends
+//! `JobCompleted{canceled}` first) gets a new assignment.
+//!
+//! Runners are not bound to jobs: the service hands any job assigned to the scale set to any
+//! idle runner of it. The JIT runner made for one assignment (named `jr-<assignment>-<attempt>`)
+//! may run another assignment's job. So `JobStarted` claims the assignment of the job it names
+//! and says which runner (and so which workload) runs it, like a warm executor binding itself
+//! to a job; `JobCompleted` ends the job's assignment.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::wire::{JobFacts, JobMessage, QueueMessage};
+
+/// The JIT runner name of `assignment`'s `attempt`: `jr-<assignment>-<attempt>`.
+pub fn runner_name(assignment: &str, attempt: u32) -> String {
+    format!("jr-{assignment}-{attempt}")
+}
+
+/// The assignment and attempt a runner name stands for, if it is one of ours.
+pub fn parse_runner_name(name: &str) -> Option<(String, u32)> {
+    let rest = name.strip_prefix("jr-")?;
+    let (assignment, attempt) = rest.rsplit_once('-')?;
+    let attempt: u32 = attempt.parse().ok()?;
+    (!assignment.is_empty() && attempt > 0).then(|| (assignment.to_owned(), attempt))
+}
+
+/// How a job ended, as jetrunner records it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Succeeded,
+    Failed,
+    Cancelled,
+    /// A result this client does not know, kept as GitHub sent it.
+    Other(String),
+}
+
+impl Outcome {
+    pub fn from_result(result: &str) -> Outcome {
+        match result.to_ascii_lowercase().as_str() {
+            "succeeded" | "success" => Outcome::Succeeded,
+            "failed" | "failure" => Outcome::Failed,
+            "canceled" | "cancelled" => Outcome::Cancelled,
+            _ => Outcome::Other(result.to_owned()),
+        }
+    }
+}
+
+/// One step for the driver, in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Ask for these offered jobs (`runnerRequestId`s).
+    Acquire(Vec<i64>),
+    /// Publish the assignment (once-only by its id) for a job assigned to the scale set, with
+    /// a JIT runner for attempt 1.
+    Assign { assignment: String, job: JobFacts },
+    /// Runner `runner_name` took job `request_id`: the once-only claim of the job's assignment
+    /// (`None` when this listener does not remember it; the ledger finds it by the job).
+    Claim {
+        request_id: i64,
+        assignment: Option<String>,
+        runner_name: String,
+        runner_id: i64,
+    },
+    /// Job `request_id` is over: the once-only terminal of its assignment.
+    Finish {
+        request_id: i64,
+        assignment: Option<String>,
+        runner_name: Option<String>,
+        outcome: Outcome,
+    },
+    /// Delete the message: everything above is done.
+    Delete(i64),
+}
+
+/// A job this listener holds an assignment for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tracked {
+    pub assignment: String,
+    pub started: bool,
+}
+
+/// The listener's memory: the jobs it holds (rebuilt from the ledger after a restart) and the
+/// jobs it asked for that are not assigned yet.
+#[derive(Clone, Debug, Default)]
+pub struct ListenerState {
+    forge: String,
+    jobs: BTreeMap<i64, Tracked>,
+    acquired: BTreeSet<i64>,
+    /// Offered jobs there was no room for, oldest first: asked for when room frees up (whether
+    /// the service offers them again is not documented; a job taken elsewhere is simply not
+    /// granted).
+    offered: BTreeSet<i64>,
+}
+
+impl ListenerState {
+    pub fn new(forge: &str, known: BTreeMap<i64, Tracked>) -> ListenerState {
+        ListenerState {
+            forge: forge.to_owned(),
+            jobs: known,
+            acquired: BTreeSet::new(),
+            offered: BTreeSet::new(),
+        }
+    }
+
+    pub fn tracked(&self) -> &BTreeMap<i64, Tracked> {
+        &self.jobs
+    }
+
+    /// Jobs acquired and not yet assigned: they will take slots soon.
+    pub fn acquired(&self) -> usize {
+        self.acquired.len()
+    }
+
+    /// The assignment id of the job `request_id` assigned by message `message`.
+    pub fn assignment_id(&self, request_id: i64, message: i64) -> String {
+        use sha2::Digest;
+        let mut hasher = sha2::Sha256::new();
+        hasher.update(b"jetrunner github assignment\0");
+        hasher.update(self.forge.as_bytes());
+        hasher.update(b"\0");
+        hasher.update(request_id.to_be_bytes());
+        hasher.update(message.to_be_bytes());
+        let digest = hasher.finalize();
+        digest[..16].iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// The actions for `message`. `room` is how many more jobs the backends can start soon
+    /// (free slots less what is queued for them); acquired-but-unassigned jobs count against it.
+    pub fn on_message(&mut self, message: &QueueMessage, room: usize) -> Vec<Action> {
+        let mut actions = Vec::new();
+        let mut acquire = Vec::new();
+        let mut room = room.saturating_sub(self.acquired.len());
+        for job in &message.jobs {
+            match job {
+                JobMessage::Available(facts) => {
+                    let id = facts.runner_request_id;
+                    let held = self.jobs.contains_key(&id)
+                        || self.acquired.contains(&id)
+                        || acquire.contains(&id);
+                    if !held && room > 0 {
+                        room -= 1;
+                        acquire.push(id);
+                    } else if !held {
+                        self.offered.insert(id);
+                    }
+                }
+                JobMessage::Assigned(facts) => {
+                    let id = facts.runner_request_id;
+                    self.acquired.remove(&id);
+                    self.offered.remove(&id);
+                    // A job already held is a re-sent message, not a second assignment.
+                    if !self.jobs.contains_key(&id) {
+                        let assignment = self.assignment_id(id, message.id);
+                        self.jobs.insert(
+                            id,
+                            Tracked {
+                                assignment: assignment.clone(),
+                                started: false,
+                            },
+                        );
+                        actions.push(Action::Assign {
+                            assignment,
+                            job: facts.clone(),
+                        });
+                    }
+                }
+                JobMessage::Started {
+                    job,
+                    runner_id,
+                    runner_name,
+                } => {
+                    if parse_runner_name(runner_name).is_none() {
+                        tracing::warn!(%runner_name, request = job.runner_request_id, "a job of this scale set started on a runner jetrunner did not make");
+                    }
+                    let assignment = self.jobs.get_mut(&job.runner_request_id).map(|t| {
+                        t.started = true;
+                        t.assignment.clone()
+                    });
+                    actions.push(Action::Claim {
+                        request_id: job.runner_request_id,
+                        assignment,
+                        runner_name: runner_name.clone(),
+                        runner_id: *runner_id,
+                    });
+                }
+                JobMessage::Completed {
+                    job,
+                    result,
+                    runner_name,
+                    ..
+                } => {
+                    let id = job.runner_request_id;
+                    let held = self.jobs.remove(&id);
+                    self.acquired.remove(&id);
+                    self.offered.remove(&id);
+                    actions.push(Action::Finish {
+                        request_id: id,
+                        assignment: held.map(|t| t.assignment),
+                        runner_name: (!runner_name.is_empty()).then(|| runner_name.clone()),
+                        outcome: Outcome::from_result(result),
+                    });
+                }
+                JobMessage::Other { message_type } => {
+                    tracing::debug!(%message_type, "job message of an unknown type ignored");
+                }
+            }
+        }
+        if !acquire.is_empty() {
+            self.acquired.extend(acquire.iter().copied());
+            actions.insert(0, Action::Acquire(acquire));
+        }
+        actions.push(Action::Delete(message.id));
+        actions
+    }
+
+    /// After an acquire call: ids not granted are no longer expected (nor offered).
+    pub fn acquire_answered(&mut self, asked: &[i64], granted: &[i64]) {
+        for id in asked {
+            if !granted.contains(id) {
+                self.acquired.remove(id);
+                self.offered.remove(id);
+            }
+        }
+    }
+
+    /// Offered jobs to ask for now that there is `room` (less what is acquired already).
+    pub fn on_room(&mut self, room: usize) -> Option<Action> {
+        let room = room.saturating_sub(self.acquired.len());
+        let ids: Vec<i64> = self.offered.iter().copied().take(room).collect();
+        if ids.is_empty() {
+            return None;
+        }
+        for id in &ids {
+            self.offered.remove(id);
+            self.acquired.insert(*id);
+        }
+        Some(Action::Acquire(ids))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::Statistics;
+
+    fn facts(id: i64) -> JobFacts {
+        JobFacts {
+            runner_request_id: id,
+            ..JobFacts::default()
+        }
+    }
+
+    fn message(id: i64, jobs: Vec<JobMessage>) -> QueueMessage {
+        QueueMessage {
+            id,
+            jobs,
+            statistics: Statistics::default(),
+        }
+    }
+
+    #[test]
+    fn runner_names_round_trip_and_foreign_names_are_not_ours() {
+        let name = runner_name("0a1b", 3);
+        assert_eq!(parse_runner_name(&name), Some(("0a1b".into(), 3)));
+        for foreign in [
+            "arc-runner-x",
+            "jr-",
+            "jr-abc",
+            "jr-abc-0",
+            "jr--1",
+            "self-hosted",
+        ] {
+            assert_eq!(parse_runner_name(foreign), None, "{foreign}");
+        }
+    }
+
+    #[test]
+    fn only_what_there_is_room_for_is_acquired() {
+        let mut state = ListenerState::new("gh", BTreeMap::new());
+        let offered = message(
+            1,
+            (1..=5).map(|i| JobMessage::Available(facts(i))).collect(),
+        );
+        let actions = state.on_message(&offered, 3);
+        assert_eq!(
+            actions,
+            vec![Action::Acquire(vec![1, 2, 3]), Action::Delete(1)]
+        );
+        // The three acquired still count against the room until they are assigned.
+        let again = state.on_message(&message(2, vec![JobMessage::Available(facts(4))]), 3);
+        assert_eq!(again, vec![Action::Delete(2)]);
+        state.acquire_answered(&[1, 2, 3], &[1]);
+        // Room freed up: the offers there was no room for are asked for, oldest first.
+        assert_eq!(state.on_room(3), Some(Action::Acquire(vec![4, 5])));
+        assert_eq!(state.on_room(3), None);
+        // An offer not granted (taken elsewhere) is forgotten.
+        state.acquire_answered(&[4, 5], &[4]);
+        assert_eq!(state.acquired(), 2);
+    }
+
+    #[test]
+    fn a_re_sent_assignment_is_one_assignment_and_a_reassignment_is_another() {
+        let mut state = ListenerState::new("gh", BTreeMap::new());
+        let first = state.on_message(&message(1, vec![JobMessage::Assigned(facts(7))]), 0);
+        let Action::Assign { assignment, .. } = &first[0] else {
+            panic!("{first:?}")
+        };
+        let assignment = assignment.clone();
+        // Re-sent in a later message: nothing new.
+        assert_eq!(
+            state.on_message(&message(2, vec![JobMessage::Assigned(facts(7))]), 0),
+            vec![Action::Delete(2)]
+        );
+        // Redelivered after a crash to a listener that rebuilt its memory: the same id.
+        let mut restarted = ListenerState::new("gh", BTreeMap::new());
+        let redelivered =
+            restarted.on_message(&message(1, vec![JobMessage::Assigned(facts(7))]), 0);
+        assert!(
+            matches!(&redelivered[0], Action::Assign { assignment: a, .. } if *a == assignment)
+        );
+        // The runner never started: cancelled, then assigned again, as a new assignment.
+        let lapsed = JobMessage::Completed {
+            job: facts(7),
+            result: "canceled".into(),
+            runner_id: 0,
+            runner_name: String::new(),
+        };
+        let actions =
+            state.on_message(&message(3, vec![lapsed, JobMessage::Assigned(facts(7))]), 0);
+        assert!(
+            matches!(&actions[0], Action::Finish { request_id: 7, assignment: Some(a), runner_name: None, outcome: Outcome::Cancelled } if *a == assignment),
+            "{actions:?}"
+        );
+        assert!(
+            matches!(&actions[1], Action::Assign { assignment: a, .. } if *a != assignment),
+            "{actions:?}"
+        );
+    }
+
+    #[test]
+    fn start_and_completion_are_about_the_job_whichever_runner_took_it() {
+        let mut state = ListenerState::new("gh", BTreeMap::new());
+        let actions = state.on_message(
+            &message(
+                1,
+                vec![
+                    JobMessage::Assigned(facts(8)),
+                    JobMessage::Assigned(facts(9)),
+                ],
+            ),
+            0,
+        );
+        let ids: Vec<String> = actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Assign { assignment, .. } => Some(assignment.clone()),
+                _ => None,
+            })
+            .collect();
+        // Job 9 runs on the runner made for job 8's assignment: the claim is job 9's.
+        let runner = runner_name(&ids[0], 1);
+        let started = JobMessage::Started {
+            job: facts(9),
+            runner_id: 4,
+            runner_name: runner.clone(),
+        };
+        let done = JobMessage::Completed {
+            job: facts(9),
+            result: "succeeded".into(),
+            runner_id: 4,
+            runner_name: runner.clone(),
+        };
+        let actions = state.on_message(&message(2, vec![started, done]), 0);
+        assert_eq!(
+            actions,
+            vec![
+                Action::Claim {
+                    request_id: 9,
+                    assignment: Some(ids[1].clone()),
+                    runner_name: runner.clone(),
+                    runner_id: 4
+                },
+                Action::Finish {
+                    request_id: 9,
+                    assignment: Some(ids[1].clone()),
+                    runner_name: Some(runner),
+                    outcome: Outcome::Succeeded
+                },
+                Action::Delete(2),
+            ]
+        );
+        // A listener that does not remember the job leaves the lookup to the ledger.
+        let mut fresh = ListenerState::new("gh", BTreeMap::new());
+        let foreign = JobMessage::Completed {
+            job: facts(10),
+            result: "failed".into(),
+            runner_id: 1,
+            runner_name: "arc-1".into(),
+        };
+        let actions = fresh.on_message(&message(6, vec![foreign]), 0);
+        assert!(
+            matches!(
+                &actions[0],
+                Action::Finish {
+                    request_id: 10,
+                    assignment: None,
+                    outcome: Outcome::Failed,
+                    ..
+                }
+            ),
+            "{actions:?}"
+        );
+    }
+}

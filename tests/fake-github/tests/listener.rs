@@ -1,0 +1,392 @@
+//! The scale set listener against the strict fake, with an in-memory ledger and workloads that
+//! start the JIT runner they were given: every job final once, no runner left, no session
+//! left, pacing kept, redelivery and restarts without duplicates.
+
+use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use jr_fake_github::{FakeGitHub, JobSpec, JobState};
+use jr_github::listener::Outcome;
+use jr_github::wire::{JitConfig, JobFacts};
+use jr_github::{Credentials, Listener, RetryPolicy, ScaleSetClient, Settings, Sink, SinkError};
+use tokio_util::sync::CancellationToken;
+
+const PAT: &str = "ghp_listener";
+
+#[derive(Default)]
+struct Ledger {
+    /// Assignment → (request id, JIT config, publishes seen).
+    assignments: BTreeMap<String, (i64, String, u32)>,
+    /// Assignment → the runner that took its job.
+    claims: BTreeMap<String, (String, i64)>,
+    finals: BTreeMap<String, Outcome>,
+    /// Claims and terminals refused because they existed (redelivery).
+    repeats: u32,
+    cursor: Option<(String, i64)>,
+    /// Most assignments not yet final at one time.
+    peak_open: usize,
+}
+
+impl Ledger {
+    /// The assignment of job `request_id`: as the listener names it, else the open one.
+    fn resolve(&self, request_id: i64, named: Option<&str>) -> Result<String, SinkError> {
+        if let Some(named) = named {
+            return Ok(named.to_owned());
+        }
+        self.assignments
+            .iter()
+            .filter(|(a, (r, _, _))| *r == request_id && !self.finals.contains_key(*a))
+            .map(|(a, _)| a.clone())
+            .next()
+            .ok_or_else(|| SinkError(format!("no open assignment for job {request_id}")))
+    }
+}
+
+#[derive(Default)]
+struct MemorySink {
+    ledger: Mutex<Ledger>,
+    capacity: AtomicUsize,
+    fail_next_assign: AtomicBool,
+}
+
+impl MemorySink {
+    fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
+        self.ledger
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// The ledger as the listener holds it (the test keeps another handle).
+#[derive(Clone)]
+struct Shared(Arc<MemorySink>);
+
+impl std::ops::Deref for Shared {
+    type Target = MemorySink;
+    fn deref(&self) -> &MemorySink {
+        &self.0
+    }
+}
+
+impl Sink for Shared {
+    fn room(&self) -> usize {
+        let ledger = self.ledger();
+        let open = ledger.assignments.len() - ledger.finals.len();
+        self.capacity.load(Ordering::SeqCst).saturating_sub(open)
+    }
+
+    async fn assign(
+        &self,
+        assignment: &str,
+        job: &JobFacts,
+        jit: &JitConfig,
+    ) -> Result<(), SinkError> {
+        if self.fail_next_assign.swap(false, Ordering::SeqCst) {
+            return Err(SinkError("injected: the ledger is down".into()));
+        }
+        let mut ledger = self.ledger();
+        let entry = ledger.assignments.entry(assignment.to_owned()).or_insert((
+            job.runner_request_id,
+            jit.encoded.clone(),
+            0,
+        ));
+        entry.2 += 1;
+        let open = ledger.assignments.len() - ledger.finals.len();
+        ledger.peak_open = ledger.peak_open.max(open);
+        Ok(())
+    }
+
+    async fn claimed(
+        &self,
+        request_id: i64,
+        assignment: Option<&str>,
+        runner_name: &str,
+        runner_id: i64,
+    ) -> Result<(), SinkError> {
+        let mut ledger = self.ledger();
+        let assignment = ledger.resolve(request_id, assignment)?;
+        let ledger = &mut *ledger;
+        match ledger.claims.entry(assignment) {
+            Entry::Occupied(_) => ledger.repeats += 1,
+            Entry::Vacant(v) => {
+                v.insert((runner_name.to_owned(), runner_id));
+            }
+        }
+        Ok(())
+    }
+
+    async fn finished(
+        &self,
+        request_id: i64,
+        assignment: Option<&str>,
+        outcome: &Outcome,
+    ) -> Result<(), SinkError> {
+        let mut ledger = self.ledger();
+        let assignment = ledger.resolve(request_id, assignment)?;
+        let ledger = &mut *ledger;
+        match ledger.finals.entry(assignment) {
+            Entry::Occupied(_) => ledger.repeats += 1,
+            Entry::Vacant(v) => {
+                v.insert(outcome.clone());
+            }
+        }
+        Ok(())
+    }
+
+    async fn save_cursor(&self, session: &str, last_message_id: i64) -> Result<(), SinkError> {
+        self.ledger().cursor = Some((session.to_owned(), last_message_id));
+        Ok(())
+    }
+
+    async fn load_cursor(&self) -> Result<Option<(String, i64)>, SinkError> {
+        Ok(self.ledger().cursor.clone())
+    }
+}
+
+fn client(fake: &FakeGitHub) -> ScaleSetClient {
+    ScaleSetClient::new(Settings {
+        url: "https://github.com/acme".into(),
+        api: Some(fake.url()),
+        credentials: Credentials::Pat(PAT.into()),
+        retry: RetryPolicy {
+            attempts: 4,
+            base: Duration::from_millis(10),
+            cap: Duration::from_millis(50),
+            max_retry_after: Duration::from_secs(2),
+        },
+        user_agent: "jetrunner-test".into(),
+    })
+    .expect("client")
+}
+
+/// Plays the workloads: every assignment's runner starts with its JIT config and finishes
+/// (`failed` for every third job); a runner that finds no job polls again.
+async fn workloads(fake: FakeGitHub, sink: Arc<MemorySink>, stop: CancellationToken) {
+    let mut started: BTreeMap<String, i64> = BTreeMap::new();
+    let mut waiting: Vec<(String, i64)> = Vec::new();
+    while !stop.is_cancelled() {
+        let fresh: Vec<(String, String)> = sink
+            .ledger()
+            .assignments
+            .iter()
+            .filter(|(a, _)| !started.contains_key(*a))
+            .map(|(a, (_, jit, _))| (a.clone(), jit.clone()))
+            .collect();
+        for (assignment, jit) in fresh {
+            let Ok((runner, job)) = fake.start_runner(&jit) else {
+                started.insert(assignment, 0);
+                continue;
+            };
+            started.insert(assignment.clone(), runner);
+            match job {
+                Some(job) => finish(&fake, runner, job),
+                None => waiting.push((assignment, runner)),
+            }
+        }
+        waiting.retain(|(_, runner)| match fake.poll_runner(*runner) {
+            Some(job) => {
+                finish(&fake, *runner, job);
+                false
+            }
+            None => true,
+        });
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+fn finish(fake: &FakeGitHub, runner: i64, job: i64) {
+    let result = if job % 3 == 0 { "failed" } else { "succeeded" };
+    fake.finish_runner(runner, result).expect("finish");
+}
+
+async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !done() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+struct Run {
+    fake: FakeGitHub,
+    sink: Arc<MemorySink>,
+    scale_set: i64,
+}
+
+async fn start(acquire_step: bool, capacity: usize) -> Run {
+    let fake = FakeGitHub::start(PAT).await.expect("fake");
+    fake.set_poll_hold(Duration::from_millis(100));
+    fake.set_acquire_step(acquire_step);
+    let set = client(&fake)
+        .ensure_scale_set("default", "jetrunner", &[])
+        .await
+        .expect("scale set");
+    let sink = Arc::new(MemorySink::default());
+    sink.capacity.store(capacity, Ordering::SeqCst);
+    Run {
+        fake,
+        sink,
+        scale_set: set.id,
+    }
+}
+
+fn listener(run: &Run) -> Listener<Shared> {
+    Listener {
+        client: client(&run.fake),
+        scale_set: run.scale_set,
+        owner: "jr-test".into(),
+        forge: "github".into(),
+        max_capacity: 4,
+        work_folder: "_work".into(),
+        sink: Shared(run.sink.clone()),
+    }
+}
+
+/// Every enqueued job is final once in the ledger, with the result its runner reported, and
+/// GitHub agrees; no runner is left registered.
+fn assert_all_final_once(run: &Run, jobs: &[i64]) {
+    let ledger = run.sink.ledger();
+    let by_request: BTreeMap<i64, &String> = ledger
+        .assignments
+        .iter()
+        .map(|(a, (r, _, _))| (*r, a))
+        .collect();
+    assert_eq!(by_request.len(), jobs.len(), "assignments per job");
+    for job in jobs {
+        let assignment = by_request
+            .get(job)
+            .unwrap_or_else(|| panic!("job {job} has no assignment"));
+        let expected = if job % 3 == 0 {
+            Outcome::Failed
+        } else {
+            Outcome::Succeeded
+        };
+        assert_eq!(ledger.finals.get(*assignment), Some(&expected), "job {job}");
+        assert!(
+            ledger.claims.contains_key(*assignment),
+            "job {job} never claimed"
+        );
+        let state = run.fake.job(*job).map(|j| j.state);
+        assert!(
+            matches!(state, Some(JobState::Completed { .. })),
+            "job {job} on GitHub: {state:?}"
+        );
+    }
+    assert!(
+        run.fake.runners().is_empty(),
+        "runners left: {:?}",
+        run.fake.runners()
+    );
+}
+
+#[tokio::test]
+async fn every_assigned_job_is_claimed_and_final_once_and_no_runner_is_left() {
+    let run = start(false, 100).await;
+    let stop = CancellationToken::new();
+    let work = tokio::spawn(workloads(run.fake.clone(), run.sink.clone(), stop.clone()));
+    let l = listener(&run);
+    let listening = {
+        let stop = stop.clone();
+        async move { l.run(stop, false).await }
+    };
+    let handle = tokio::spawn(listening);
+    let jobs: Vec<i64> = (0..12)
+        .map(|_| run.fake.enqueue(JobSpec::push(&["jetrunner"])))
+        .collect();
+    until("every job final", || {
+        run.sink.ledger().finals.len() == jobs.len()
+    })
+    .await;
+    stop.cancel();
+    handle.await.expect("join").expect("listener");
+    work.await.expect("workloads");
+    assert_all_final_once(&run, &jobs);
+    assert_eq!(
+        run.fake.session(run.scale_set),
+        None,
+        "the session was not deleted on shutdown"
+    );
+    assert!(
+        run.sink
+            .ledger()
+            .assignments
+            .values()
+            .all(|(_, _, n)| *n == 1)
+    );
+}
+
+#[tokio::test]
+async fn acquiring_keeps_to_the_room_and_offers_wait_for_it() {
+    let run = start(true, 2).await;
+    let stop = CancellationToken::new();
+    let work = tokio::spawn(workloads(run.fake.clone(), run.sink.clone(), stop.clone()));
+    let l = listener(&run);
+    let handle = {
+        let stop = stop.clone();
+        tokio::spawn(async move { l.run(stop, false).await })
+    };
+    let jobs: Vec<i64> = (0..7)
+        .map(|_| run.fake.enqueue(JobSpec::push(&["jetrunner"])))
+        .collect();
+    until("every job final", || {
+        run.sink.ledger().finals.len() == jobs.len()
+    })
+    .await;
+    stop.cancel();
+    handle.await.expect("join").expect("listener");
+    work.await.expect("workloads");
+    assert_all_final_once(&run, &jobs);
+    let peak = run.sink.ledger().peak_open;
+    assert!(peak <= 2, "{peak} jobs open at once with room for 2");
+}
+
+#[tokio::test]
+async fn a_failed_ledger_write_and_a_restart_lose_nothing_and_duplicate_nothing() {
+    let run = start(false, 100).await;
+    let stop = CancellationToken::new();
+    let work = tokio::spawn(workloads(run.fake.clone(), run.sink.clone(), stop.clone()));
+    // The first assignment's publish fails: its message is not deleted and comes again.
+    run.sink.fail_next_assign.store(true, Ordering::SeqCst);
+    let first_stop = CancellationToken::new();
+    let first = listener(&run);
+    let handle = {
+        let s = first_stop.clone();
+        tokio::spawn(async move { first.run(s, true).await })
+    };
+    let mut jobs: Vec<i64> = (0..4)
+        .map(|_| run.fake.enqueue(JobSpec::push(&["jetrunner"])))
+        .collect();
+    until("the first jobs final", || {
+        run.sink.ledger().finals.len() == jobs.len()
+    })
+    .await;
+    // The listener stops without deleting its session, as a crash would leave it.
+    first_stop.cancel();
+    handle.await.expect("join").expect("listener");
+    let session = run.fake.session(run.scale_set).expect("session kept");
+    jobs.extend((0..4).map(|_| run.fake.enqueue(JobSpec::push(&["jetrunner"]))));
+    // A new listener (a restart or another replica taking the lead) resumes it by id: no 409.
+    let second = listener(&run);
+    let handle = {
+        let s = stop.clone();
+        tokio::spawn(async move { second.run(s, false).await })
+    };
+    until("every job final", || {
+        run.sink.ledger().finals.len() == jobs.len()
+    })
+    .await;
+    assert_eq!(
+        run.sink.ledger().cursor.as_ref().map(|c| c.0.clone()),
+        Some(session)
+    );
+    stop.cancel();
+    handle.await.expect("join").expect("listener");
+    work.await.expect("workloads");
+    assert_all_final_once(&run, &jobs);
+}
