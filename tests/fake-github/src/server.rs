@@ -21,8 +21,9 @@ use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use serde_json::{Value, json};
 use tokio::sync::Notify;
 
-use crate::state::{JobSpec, Runner, ScaleSet, Session, World};
+use crate::state::{JobSpec, JobState, Runner, ScaleSet, Session, World};
 
+mod admin;
 mod handlers;
 mod queue;
 use handlers::router;
@@ -96,6 +97,7 @@ pub(crate) struct Shared {
     changed: Notify,
     poll_hold: Mutex<Duration>,
     base: String,
+    addr: SocketAddr,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -166,6 +168,14 @@ fn bearer(headers: &HeaderMap, scheme: &str) -> Option<String> {
 type Q = Query<HashMap<String, String>>;
 
 impl Shared {
+    /// The test-facing handle over this state.
+    fn handle(self: &Arc<Self>) -> FakeGitHub {
+        FakeGitHub {
+            shared: self.clone(),
+            addr: self.addr,
+        }
+    }
+
     /// Takes the next fault for `route`, if one is set.
     fn fault(&self, route: Route) -> Option<Response> {
         let fault = lock(&self.faults).get_mut(&route)?.pop_front()?;
@@ -261,7 +271,12 @@ pub struct FakeGitHub {
 impl FakeGitHub {
     /// Starts the fake; `pat` is the one personal access token it accepts.
     pub async fn start(pat: &str) -> std::io::Result<FakeGitHub> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        Self::start_on("127.0.0.1:0".parse().map_err(std::io::Error::other)?, pat).await
+    }
+
+    /// Starts the fake on `listen`.
+    pub async fn start_on(listen: SocketAddr, pat: &str) -> std::io::Result<FakeGitHub> {
+        let listener = tokio::net::TcpListener::bind(listen).await?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
             world: Mutex::new(World::new()),
@@ -278,6 +293,7 @@ impl FakeGitHub {
             changed: Notify::new(),
             poll_hold: Mutex::new(Duration::from_secs(50)),
             base: format!("http://{addr}"),
+            addr,
         });
         let app = router(shared.clone());
         tokio::spawn(async move {

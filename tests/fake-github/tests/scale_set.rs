@@ -492,3 +492,70 @@ fn a_bad_app_key_is_a_configuration_error() {
     .expect("bad key accepted");
     assert!(error.to_string().contains("private key"), "{error}");
 }
+
+#[tokio::test]
+async fn the_runner_side_and_the_job_queue_work_over_http() {
+    let (fake, client, mut session) = setup("jr-http").await;
+    let http = reqwest::Client::new();
+    let queued: serde_json::Value = http
+        .post(format!("{}/_fake/jobs", fake.url()))
+        .json(&serde_json::json!({"labels": ["jr-http"]}))
+        .send()
+        .await
+        .expect("enqueue")
+        .json()
+        .await
+        .expect("json");
+    let request = queued["runner_request_id"].as_i64().expect("id");
+    let (id, _) = next_jobs(&mut session, 3).await;
+    session.delete_message(id).await.expect("delete");
+    let jit = client
+        .generate_jit_config(session.scale_set(), "http-1", "")
+        .await
+        .expect("jit");
+    let start = |config: String| {
+        let http = http.clone();
+        let url = format!("{}/_fake/runner/start", fake.url());
+        async move {
+            http.post(url)
+                .json(&serde_json::json!({"jitconfig": config}))
+                .send()
+                .await
+                .expect("start")
+        }
+    };
+    let started: serde_json::Value = start(jit.encoded.clone()).await.json().await.expect("json");
+    assert_eq!(started["job"].as_i64(), Some(request));
+    assert_eq!(
+        start(jit.encoded.clone()).await.status(),
+        409,
+        "a JIT config started twice over HTTP"
+    );
+    let runner = started["runner"].as_i64().expect("runner");
+    let finished = http
+        .post(format!("{}/_fake/runner/{runner}/finish", fake.url()))
+        .json(&serde_json::json!({"result": "succeeded"}))
+        .send()
+        .await
+        .expect("finish");
+    assert_eq!(finished.status(), 204);
+    let job: serde_json::Value = http
+        .get(format!("{}/_fake/jobs/{request}", fake.url()))
+        .send()
+        .await
+        .expect("job")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(
+        (job["state"].as_str(), job["result"].as_str()),
+        (Some("completed"), Some("succeeded"))
+    );
+    let bad = http
+        .post(format!("{}/_fake/jobs", fake.url()))
+        .json(&serde_json::json!({"labels": []}))
+        .send()
+        .await
+        .expect("bad");
+    assert_eq!(bad.status(), 400);
+}

@@ -11,6 +11,7 @@ use super::*;
 pub(super) fn router(shared: Arc<Shared>) -> Router {
     const S: &str = "/actions-service/_apis";
     Router::new()
+        .merge(super::admin::routes())
         .route(
             "/app/installations/{installation}/access_tokens",
             post(access_token),

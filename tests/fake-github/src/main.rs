@@ -1,0 +1,36 @@
+//! `fake-github`: the fake scale set service as a process (demo, compose, scenarios).
+
+use std::net::SocketAddr;
+
+use clap::Parser;
+
+#[derive(Parser)]
+#[command(about = "A strict fake of GitHub's runner scale set service")]
+struct Args {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8090")]
+    listen: SocketAddr,
+    /// The personal access token it accepts.
+    #[arg(long, env = "FAKE_GITHUB_PAT")]
+    pat: String,
+    /// How long a message poll is held when there is nothing, in milliseconds.
+    #[arg(long, default_value_t = 50_000)]
+    poll_hold_ms: u64,
+    /// GitHub Enterprise Server style: jobs are offered and must be acquired.
+    #[arg(long)]
+    acquire_step: bool,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .init();
+    let args = Args::parse();
+    let fake = jr_fake_github::FakeGitHub::start_on(args.listen, &args.pat).await?;
+    fake.set_poll_hold(std::time::Duration::from_millis(args.poll_hold_ms));
+    fake.set_acquire_step(args.acquire_step);
+    println!("fake-github listening on {}", fake.url());
+    tokio::signal::ctrl_c().await?;
+    Ok(())
+}
