@@ -6,7 +6,7 @@
 #       docker run jetrunner scheduler --config /etc/jetrunner/jetrunner.toml
 #     Services: scheduler, pod-worker, vm-worker, reconciler. Admin CLI: jr (`jr decode`, `jr health`).
 #   dev (`--target dev`, what compose.yaml builds): the same plus the simulated components
-#     fake-forge, fake-kube, fake-sandbox and fake-executor, for the demo and local development.
+#     fake-forge, fake-kube, fake-sandbox, fake-executor and fake-github, for the demo and local development.
 # The production image never contains a fake: a fake forge or Kubernetes API accepts anything.
 
 ARG RUST_VERSION=1.95
@@ -29,7 +29,7 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
 
 # The fakes, built on top of the production binaries (same cache, so only the fakes compile).
 FROM builder AS dev-builder
-ARG DEV_BINARIES="fake-forge fake-kube fake-sandbox fake-executor"
+ARG DEV_BINARIES="fake-forge fake-kube fake-sandbox fake-executor fake-github"
 RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
     --mount=type=cache,target=/usr/local/cargo/git,sharing=locked \
     --mount=type=cache,target=/src/target,sharing=locked \

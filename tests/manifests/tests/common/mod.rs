@@ -21,7 +21,7 @@ mod pods;
 pub use pods::*;
 
 /// The binaries the image builds; a container command must start with one of them.
-pub const BINARIES: [&str; 9] = [
+pub const BINARIES: [&str; 10] = [
     "scheduler",
     "pod-worker",
     "vm-worker",
@@ -31,6 +31,7 @@ pub const BINARIES: [&str; 9] = [
     "fake-kube",
     "fake-sandbox",
     "fake-executor",
+    "fake-github",
 ];
 
 /// The four jetrunner services (each reads the shared config file).
