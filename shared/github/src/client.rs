@@ -600,6 +600,38 @@ impl ScaleSetClient {
         }
     }
 
+    /// Cancels a workflow run (REST, with the GitHub credential). A run already over is not an
+    /// error (409).
+    pub async fn cancel_run(
+        &self,
+        owner: &str,
+        repo: &str,
+        run_id: i64,
+    ) -> Result<(), GitHubError> {
+        const OP: &str = "cancel run";
+        let url = format!(
+            "{}/repos/{owner}/{repo}/actions/runs/{run_id}/cancel",
+            self.inner.config.api
+        );
+        let credential = self.credential().await?;
+        let response = self
+            .inner
+            .retry
+            .send(OP, || {
+                self.inner
+                    .http
+                    .post(&url)
+                    .bearer_auth(&credential)
+                    .header("Accept", "application/vnd.github+json")
+                    .timeout(CALL_TIMEOUT)
+            })
+            .await?;
+        match response.status() {
+            StatusCode::ACCEPTED | StatusCode::OK | StatusCode::CONFLICT => Ok(()),
+            _ => Err(refused(OP, response).await),
+        }
+    }
+
     /// Where a workflow run's code comes from (REST, with the GitHub credential).
     pub async fn run_origin(
         &self,
@@ -642,6 +674,9 @@ impl ScaleSetClient {
                 event,
                 repository,
                 head_repository,
+                actor: text(&["triggering_actor", "login"])
+                    .or_else(|| text(&["actor", "login"]))
+                    .unwrap_or_default(),
             }),
             _ => Err(GitHubError::Decode {
                 op: OP,

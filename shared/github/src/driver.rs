@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::guard::{Guard, Verdict};
 use crate::listener::{Action, ListenerState, Outcome, runner_name};
 use crate::wire::{JitConfig, JobFacts};
 use crate::{GitHubError, MessageSession, ScaleSetClient};
@@ -17,7 +18,9 @@ use crate::{GitHubError, MessageSession, ScaleSetClient};
 pub struct SinkError(pub String);
 
 /// Where the listener's decisions go. Every method must be idempotent: a message whose
-/// actions were done but which was not deleted is handled again.
+/// actions were done but which was not deleted is handled again. A claim or terminal for a job
+/// or assignment the ledger does not hold (one the guard refused, or another client's) is
+/// ignored, not an error: an error would hold the message forever.
 pub trait Sink: Send + Sync {
     /// How many more jobs the backends can start soon.
     fn room(&self) -> usize;
@@ -46,6 +49,13 @@ pub trait Sink: Send + Sync {
         assignment: Option<&str>,
         outcome: &Outcome,
     ) -> impl Future<Output = Result<(), SinkError>> + Send;
+    /// The guard refused `job` (its run was cancelled, no runner was made): for the operators.
+    fn refused(
+        &self,
+        assignment: &str,
+        job: &JobFacts,
+        reason: &str,
+    ) -> impl Future<Output = Result<(), SinkError>> + Send;
     /// Keeps the session id and the last deleted message id, for a restart or a new leader.
     fn save_cursor(
         &self,
@@ -71,6 +81,8 @@ pub struct Listener<S> {
     pub forge: String,
     pub max_capacity: u32,
     pub work_folder: String,
+    /// Set when the scale set's runners run on a trusted backend (see [`Guard`]).
+    pub guard: Option<Guard>,
     pub sink: S,
 }
 
@@ -172,6 +184,35 @@ impl<S: Sink> Listener<S> {
         Ok(())
     }
 
+    /// Why the guard refuses `job`, if it does. A run that cannot be looked up for a reason
+    /// other than backpressure or an outage counts as a fork's; those two make the message
+    /// come again.
+    async fn refusal(&self, job: &JobFacts) -> Result<Option<String>, ListenError> {
+        let Some(guard) = &self.guard else {
+            return Ok(None);
+        };
+        let origin = if guard.needs_origin(job) {
+            match self
+                .client
+                .run_origin(&job.owner_name, &job.repository_name, job.workflow_run_id)
+                .await
+            {
+                Ok(origin) => Some(origin),
+                Err(error) if error.is_transient() => return Err(error.into()),
+                Err(error) => {
+                    tracing::warn!(%error, run = job.workflow_run_id, "cannot look the run up; treating it as a fork's");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        Ok(match guard.check(job, origin.as_ref()) {
+            Verdict::Allowed => None,
+            Verdict::Refused { reason } => Some(reason),
+        })
+    }
+
     /// Asks for offered jobs there is room for now; a failure leaves them offered.
     async fn acquire_offered(&self, session: &mut MessageSession, state: &mut ListenerState) {
         let before = state.clone();
@@ -196,6 +237,14 @@ impl<S: Sink> Listener<S> {
                     state.acquire_answered(&ids, &granted);
                 }
                 Action::Assign { assignment, job } => {
+                    if let Some(reason) = self.refusal(&job).await? {
+                        tracing::warn!(request = job.runner_request_id, run = job.workflow_run_id, %reason, "job refused by the trust guard; cancelling its run");
+                        self.client
+                            .cancel_run(&job.owner_name, &job.repository_name, job.workflow_run_id)
+                            .await?;
+                        self.sink.refused(&assignment, &job, &reason).await?;
+                        continue;
+                    }
                     let jit = self.jit(&assignment).await?;
                     self.sink.assign(&assignment, &job, &jit).await?;
                 }

@@ -14,6 +14,7 @@ mod app;
 mod client;
 mod driver;
 mod error;
+pub mod guard;
 pub mod listener;
 mod retry;
 mod scope;

@@ -195,6 +195,8 @@ pub struct RunOrigin {
     pub event: String,
     pub repository: String,
     pub head_repository: String,
+    /// Who triggered the run (`triggering_actor`, else `actor`), empty when not given.
+    pub actor: String,
 }
 
 impl RunOrigin {

@@ -35,6 +35,7 @@ pub enum Route {
     RegistrationToken,
     RunnerRegistration,
     WorkflowRun,
+    CancelRun,
     RunnerGroups,
     GetScaleSet,
     CreateScaleSet,

@@ -8,10 +8,13 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use jr_fake_github::Route;
 use jr_fake_github::{FakeGitHub, JobSpec, JobState};
+use jr_github::guard::Guard;
 use jr_github::listener::Outcome;
 use jr_github::wire::{JitConfig, JobFacts};
 use jr_github::{Credentials, Listener, RetryPolicy, ScaleSetClient, Settings, Sink, SinkError};
+use jr_placement::{TrustLevel, TrustPolicy};
 use tokio_util::sync::CancellationToken;
 
 const PAT: &str = "ghp_listener";
@@ -28,20 +31,27 @@ struct Ledger {
     cursor: Option<(String, i64)>,
     /// Most assignments not yet final at one time.
     peak_open: usize,
+    /// Jobs the trust guard refused: request id → reason.
+    refused: BTreeMap<i64, String>,
+    /// Claims and terminals for jobs the ledger does not hold.
+    ignored: u32,
 }
 
 impl Ledger {
-    /// The assignment of job `request_id`: as the listener names it, else the open one.
-    fn resolve(&self, request_id: i64, named: Option<&str>) -> Result<String, SinkError> {
+    /// The assignment of job `request_id` the ledger holds: as the listener names it, else the
+    /// open one.
+    fn resolve(&self, request_id: i64, named: Option<&str>) -> Option<String> {
         if let Some(named) = named {
-            return Ok(named.to_owned());
+            return self
+                .assignments
+                .contains_key(named)
+                .then(|| named.to_owned());
         }
         self.assignments
             .iter()
             .filter(|(a, (r, _, _))| *r == request_id && !self.finals.contains_key(*a))
             .map(|(a, _)| a.clone())
             .next()
-            .ok_or_else(|| SinkError(format!("no open assignment for job {request_id}")))
     }
 }
 
@@ -107,7 +117,10 @@ impl Sink for Shared {
         runner_id: i64,
     ) -> Result<(), SinkError> {
         let mut ledger = self.ledger();
-        let assignment = ledger.resolve(request_id, assignment)?;
+        let Some(assignment) = ledger.resolve(request_id, assignment) else {
+            ledger.ignored += 1;
+            return Ok(());
+        };
         let ledger = &mut *ledger;
         match ledger.claims.entry(assignment) {
             Entry::Occupied(_) => ledger.repeats += 1,
@@ -125,7 +138,10 @@ impl Sink for Shared {
         outcome: &Outcome,
     ) -> Result<(), SinkError> {
         let mut ledger = self.ledger();
-        let assignment = ledger.resolve(request_id, assignment)?;
+        let Some(assignment) = ledger.resolve(request_id, assignment) else {
+            ledger.ignored += 1;
+            return Ok(());
+        };
         let ledger = &mut *ledger;
         match ledger.finals.entry(assignment) {
             Entry::Occupied(_) => ledger.repeats += 1,
@@ -133,6 +149,18 @@ impl Sink for Shared {
                 v.insert(outcome.clone());
             }
         }
+        Ok(())
+    }
+
+    async fn refused(
+        &self,
+        _assignment: &str,
+        job: &JobFacts,
+        reason: &str,
+    ) -> Result<(), SinkError> {
+        self.ledger()
+            .refused
+            .insert(job.runner_request_id, reason.to_owned());
         Ok(())
     }
 
@@ -244,6 +272,7 @@ fn listener(run: &Run) -> Listener<Shared> {
         forge: "github".into(),
         max_capacity: 4,
         work_folder: "_work".into(),
+        guard: None,
         sink: Shared(run.sink.clone()),
     }
 }
@@ -389,4 +418,64 @@ async fn a_failed_ledger_write_and_a_restart_lose_nothing_and_duplicate_nothing(
     handle.await.expect("join").expect("listener");
     work.await.expect("workloads");
     assert_all_final_once(&run, &jobs);
+}
+
+#[tokio::test]
+async fn a_trusted_scale_set_refuses_fork_code_and_runs_the_rest() {
+    let run = start(false, 100).await;
+    let stop = CancellationToken::new();
+    let work = tokio::spawn(workloads(run.fake.clone(), run.sink.clone(), stop.clone()));
+    let mut l = listener(&run);
+    l.guard = Some(Guard {
+        policy: TrustPolicy {
+            rules: Vec::new(),
+            default_max: TrustLevel::Trusted,
+        },
+        backend_trust: TrustLevel::Trusted,
+    });
+    let handle = {
+        let stop = stop.clone();
+        tokio::spawn(async move { l.run(stop, false).await })
+    };
+    let pull = |fork: bool| {
+        let mut spec = JobSpec::push(&["jetrunner"]);
+        spec.event_name = "pull_request".into();
+        spec.git_ref = "refs/pull/7/merge".into();
+        spec.from_fork = fork;
+        spec
+    };
+    let allowed = vec![
+        run.fake.enqueue(JobSpec::push(&["jetrunner"])),
+        run.fake.enqueue(pull(false)),
+        run.fake.enqueue(JobSpec::push(&["jetrunner"])),
+    ];
+    let forks = vec![run.fake.enqueue(pull(true)), run.fake.enqueue(pull(true))];
+    until("the allowed jobs final and the forks refused", || {
+        let ledger = run.sink.ledger();
+        ledger.finals.len() == allowed.len() && ledger.refused.len() == forks.len()
+    })
+    .await;
+    until("the refused runs cancelled on GitHub", || {
+        forks.iter().all(|f| matches!(run.fake.job(*f).map(|j| j.state), Some(JobState::Completed { result }) if result == "canceled"))
+    })
+    .await;
+    // Their cancellations come back as completions the ledger does not hold.
+    until("the cancellations seen", || run.sink.ledger().ignored >= 2).await;
+    stop.cancel();
+    handle.await.expect("join").expect("listener");
+    work.await.expect("workloads");
+    assert_all_final_once(&run, &allowed);
+    let ledger = run.sink.ledger();
+    for fork in &forks {
+        assert!(
+            ledger.refused[fork].contains("fork pull request"),
+            "{:?}",
+            ledger.refused
+        );
+        assert!(
+            ledger.assignments.values().all(|(r, _, _)| r != fork),
+            "a fork's job got an assignment"
+        );
+    }
+    assert_eq!(run.fake.count(Route::CancelRun), 2);
 }

@@ -29,6 +29,10 @@ pub(super) fn router(shared: Arc<Shared>) -> Router {
             "/repos/{owner}/{repo}/actions/runs/{run}",
             get(workflow_run),
         )
+        .route(
+            "/repos/{owner}/{repo}/actions/runs/{run}/cancel",
+            post(cancel_run),
+        )
         .route(&format!("{S}/runtime/runnergroups/"), get(runner_groups))
         .route(
             &format!("{S}/runtime/runnerscalesets"),
@@ -600,4 +604,43 @@ async fn access_token(State(s): St, Path(installation): Path<u64>, headers: Head
     };
     drop(tokens);
     s.record(Route::AccessToken, response)
+}
+
+async fn cancel_run(
+    State(s): St,
+    Path((owner, repo, run)): Path<(String, String, i64)>,
+    headers: HeaderMap,
+) -> Response {
+    if let Some(r) = s.fault(Route::CancelRun) {
+        return s.record(Route::CancelRun, r);
+    }
+    if !s.pat_ok(&headers) {
+        return s.record(
+            Route::CancelRun,
+            json_reply(
+                StatusCode::UNAUTHORIZED,
+                &json!({"message": "Bad credentials"}),
+            ),
+        );
+    }
+    let jobs: Vec<i64> = lock(&s.world)
+        .jobs
+        .values()
+        .filter(|j| j.run_id == run && j.spec.owner == owner && j.spec.repository == repo)
+        .map(|j| j.request_id)
+        .collect();
+    if jobs.is_empty() {
+        return s.record(
+            Route::CancelRun,
+            json_reply(StatusCode::NOT_FOUND, &json!({"message": "Not Found"})),
+        );
+    }
+    let fake = s.handle();
+    for job in jobs {
+        fake.cancel(job);
+    }
+    s.record(
+        Route::CancelRun,
+        json_reply(StatusCode::ACCEPTED, &json!({})),
+    )
 }

@@ -1,0 +1,164 @@
+//! The trust guard of a scale set whose runners run on a trusted backend.
+//!
+//! On GitHub any runner of a scale set may take any job assigned to it, so where a job runs is
+//! decided by the scale set, not per job (docs/github.md). The guard checks each assigned job
+//! against the same trust policy the Gitea forge routes by, with GitHub's facts: the event, the
+//! repository and owner from the message, and for events that can run a fork's code the head
+//! repository and actor from the workflow run. A job that may not use the scale set's backend
+//! gets no runner, and its workflow run is cancelled.
+
+use jr_placement::{ForgeContext, TrustLevel, TrustPolicy};
+
+use crate::wire::{JobFacts, RunOrigin};
+
+/// Events whose run may execute code from another repository than the base: their head must
+/// be looked up. Other events (`push`, `schedule`, `workflow_dispatch`, …) run the base
+/// repository's own code.
+pub fn may_run_fork_code(event: &str) -> bool {
+    matches!(
+        event.to_ascii_lowercase().as_str(),
+        "pull_request"
+            | "pull_request_target"
+            | "pull_request_review"
+            | "pull_request_review_comment"
+            | "workflow_run"
+            | "issue_comment"
+    )
+}
+
+#[derive(Clone, Debug)]
+pub struct Guard {
+    pub policy: TrustPolicy,
+    /// The trust level of the backend the scale set's runners run on.
+    pub backend_trust: TrustLevel,
+}
+
+/// What the guard says about one job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Allowed,
+    /// The job may not run on this scale set's backend.
+    Refused {
+        reason: String,
+    },
+}
+
+impl Guard {
+    /// Whether `job` needs its workflow run looked up before a verdict.
+    pub fn needs_origin(&self, job: &JobFacts) -> bool {
+        self.backend_trust > TrustLevel::Untrusted && may_run_fork_code(&job.event_name)
+    }
+
+    /// The verdict for `job`, with the run's origin when [`Guard::needs_origin`] said so.
+    pub fn check(&self, job: &JobFacts, origin: Option<&RunOrigin>) -> Verdict {
+        if self.backend_trust == TrustLevel::Untrusted {
+            return Verdict::Allowed;
+        }
+        let repository = format!("{}/{}", job.owner_name, job.repository_name);
+        let head_is_fork = match origin {
+            Some(origin) => origin.from_fork(),
+            // Without the lookup a job that may run fork code counts as a fork's.
+            None => may_run_fork_code(&job.event_name),
+        };
+        let ctx = ForgeContext {
+            repository,
+            owner: job.owner_name.clone(),
+            event: job.event_name.clone(),
+            head_is_fork,
+            actor: origin.map(|o| o.actor.clone()).unwrap_or_default(),
+        };
+        let allowed = self.policy.max_trust(&ctx);
+        if allowed.max_trust >= self.backend_trust {
+            Verdict::Allowed
+        } else {
+            Verdict::Refused {
+                reason: format!(
+                    "{}; this scale set runs on a {} backend",
+                    allowed.reason, self.backend_trust
+                ),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use jr_placement::{ContextMatcher, TrustRule};
+
+    use super::*;
+
+    fn job(event: &str) -> JobFacts {
+        JobFacts {
+            owner_name: "acme".into(),
+            repository_name: "app".into(),
+            event_name: event.into(),
+            ..JobFacts::default()
+        }
+    }
+
+    fn origin(event: &str, head: &str) -> RunOrigin {
+        RunOrigin {
+            event: event.into(),
+            repository: "acme/app".into(),
+            head_repository: head.into(),
+            actor: "octo".into(),
+        }
+    }
+
+    fn guard(trust: TrustLevel) -> Guard {
+        Guard {
+            policy: TrustPolicy {
+                rules: vec![TrustRule {
+                    matcher: ContextMatcher {
+                        actor: Some("mallory".into()),
+                        ..ContextMatcher::default()
+                    },
+                    max_trust: TrustLevel::Untrusted,
+                }],
+                default_max: TrustLevel::Trusted,
+            },
+            backend_trust: trust,
+        }
+    }
+
+    #[test]
+    fn fork_code_is_refused_on_a_trusted_scale_set_and_base_code_is_not() {
+        let g = guard(TrustLevel::Trusted);
+        assert!(!g.needs_origin(&job("push")));
+        assert_eq!(g.check(&job("push"), None), Verdict::Allowed);
+        for event in ["pull_request", "pull_request_target"] {
+            assert!(g.needs_origin(&job(event)));
+            let fork = g.check(&job(event), Some(&origin(event, "contributor/app")));
+            assert!(
+                matches!(&fork, Verdict::Refused { reason } if reason.contains("fork")),
+                "{event}: {fork:?}"
+            );
+            assert_eq!(
+                g.check(&job(event), Some(&origin(event, "acme/app"))),
+                Verdict::Allowed,
+                "{event} from the base"
+            );
+            // No lookup answer: treated as a fork's.
+            assert!(matches!(
+                g.check(&job(event), None),
+                Verdict::Refused { .. }
+            ));
+        }
+    }
+
+    #[test]
+    fn configured_rules_apply_with_github_facts_and_untrusted_scale_sets_take_anything() {
+        let g = guard(TrustLevel::Trusted);
+        let mut by_mallory = origin("pull_request", "acme/app");
+        by_mallory.actor = "mallory".into();
+        assert!(
+            matches!(g.check(&job("pull_request"), Some(&by_mallory)), Verdict::Refused { reason } if reason.contains("trust rule 1"))
+        );
+        let vm = guard(TrustLevel::Untrusted);
+        assert!(!vm.needs_origin(&job("pull_request_target")));
+        assert_eq!(
+            vm.check(&job("pull_request_target"), None),
+            Verdict::Allowed
+        );
+    }
+}
