@@ -9,6 +9,7 @@ pub mod fail_task;
 pub mod fetcher;
 pub mod forge_report;
 pub mod forges;
+pub mod github;
 pub mod ledger;
 pub mod metrics;
 pub mod pacing;

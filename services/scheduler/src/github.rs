@@ -1,0 +1,301 @@
+//! The GitHub scale set listener's ledger: what `jr_github::Listener` decides, made durable
+//! in JetStream with the same messages a Gitea job produces.
+//!
+//! - An assigned job becomes an assignment on `jr.assignment.<backend>.<id>` (deduplicated by
+//!   message id). Its sealed task is the attempt's JIT runner config, sealed for that
+//!   assignment and backend like a Gitea task, so nothing on the bus can start a runner.
+//! - `JobStarted` is the once-only `claimed` (executor = the runner's name), `JobCompleted` the
+//!   once-only `terminal` (source `executor`).
+//! - Which assignment holds a job, and the session cursor, are kept in the scheduler's KV
+//!   bucket `JR_SCHEDULER` (`github.<forge>.job.<runnerRequestId>`,
+//!   `github.<forge>.cursor`), so a restarted scheduler or a new leader goes on where the last
+//!   one stopped.
+//!
+//! Not wired into the scheduler's service yet (docs/github.md, "What remains"): the workers and
+//! executors cannot run GitHub runners so far.
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use jr_bus::async_nats::jetstream::kv;
+use jr_bus::{Bus, PublishOnce};
+use jr_github::listener::Outcome;
+use jr_github::wire::{JitConfig, JobFacts};
+use jr_github::{Sink, SinkError};
+use jr_protocol::{
+    Assignment, AssignmentId, BackendName, Claimed, Envelope, Kind, Message, TaskResult, Terminal,
+    TerminalSource, subject,
+};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::seal::{SealScope, Sealer};
+
+/// What is sealed into a GitHub assignment: the runner's one-use registration.
+#[derive(Clone, Serialize, Deserialize)]
+pub struct GitHubTask {
+    /// The JIT runner's name (`jr-<assignment>-<attempt>`).
+    pub runner_name: String,
+    /// `encodedJITConfig`: the runner starts with `--jitconfig <this>`.
+    pub jit_config: String,
+}
+
+/// The forge's room: how many more jobs its backend can start soon.
+pub type Room = Arc<dyn Fn() -> usize + Send + Sync>;
+
+pub struct JetStreamSink {
+    pub bus: Bus,
+    pub kv: kv::Store,
+    pub sealer: Arc<Sealer>,
+    /// The forge's name (`[[github]] name`): part of assignment ids and keys.
+    pub forge: String,
+    pub backend: BackendName,
+    pub max_duration: Duration,
+    pub room: Room,
+}
+
+fn sink_error(what: &str, e: impl std::fmt::Display) -> SinkError {
+    SinkError(format!("{what}: {e}"))
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// The jetrunner id of a listener's assignment (32 hex digits).
+pub fn assignment_id(listener_id: &str) -> Result<AssignmentId, SinkError> {
+    Uuid::from_str(listener_id)
+        .map(AssignmentId)
+        .map_err(|e| sink_error("assignment id", e))
+}
+
+fn task_result(outcome: &Outcome) -> TaskResult {
+    match outcome {
+        Outcome::Succeeded => TaskResult::Success,
+        Outcome::Failed | Outcome::Other(_) => TaskResult::Failure,
+        Outcome::Cancelled => TaskResult::Cancelled,
+    }
+}
+
+impl JetStreamSink {
+    fn job_key(&self, request_id: i64) -> String {
+        format!("github.{}.job.{request_id}", self.forge)
+    }
+
+    fn cursor_key(&self) -> String {
+        format!("github.{}.cursor", self.forge)
+    }
+
+    /// The assignment holding job `request_id`: as the listener names it, else from the KV.
+    async fn resolve(
+        &self,
+        request_id: i64,
+        named: Option<&str>,
+    ) -> Result<Option<AssignmentId>, SinkError> {
+        if let Some(named) = named {
+            return assignment_id(named).map(Some);
+        }
+        match self.kv.get(self.job_key(request_id)).await {
+            Ok(Some(value)) => {
+                let text = String::from_utf8_lossy(&value);
+                assignment_id(text.trim()).map(Some)
+            }
+            Ok(None) => Ok(None),
+            Err(e) => Err(sink_error("job index", e)),
+        }
+    }
+
+    /// Whether `id`'s assignment was published (the listener may name one the guard refused).
+    async fn published(&self, id: AssignmentId) -> Result<bool, SinkError> {
+        self.bus
+            .last_on_subject(
+                jr_protocol::STREAM_ASSIGNMENTS,
+                &subject::assignment(&self.backend, id),
+            )
+            .await
+            .map(|found| found.is_some())
+            .map_err(|e| sink_error("assignment lookup", e))
+    }
+
+    async fn once(
+        &self,
+        id: AssignmentId,
+        kind: Kind,
+        envelope: Envelope,
+    ) -> Result<(), SinkError> {
+        match self
+            .bus
+            .publish_once(&subject::event(&self.backend, id, kind), &envelope)
+            .await
+        {
+            Ok(PublishOnce::Published { .. } | PublishOnce::Duplicate { .. }) => Ok(()),
+            Ok(PublishOnce::AlreadyExists { .. }) => {
+                tracing::debug!(assignment = %id, ?kind, "already recorded");
+                Ok(())
+            }
+            Err(e) => Err(sink_error("publish", e)),
+        }
+    }
+}
+
+impl Sink for JetStreamSink {
+    fn room(&self) -> usize {
+        (self.room)()
+    }
+
+    async fn assign(
+        &self,
+        assignment: &str,
+        job: &JobFacts,
+        jit: &JitConfig,
+    ) -> Result<(), SinkError> {
+        let id = assignment_id(assignment)?;
+        let task = GitHubTask {
+            runner_name: jit.runner.name.clone(),
+            jit_config: jit.encoded.clone(),
+        };
+        let plaintext = serde_json::to_vec(&task).map_err(|e| sink_error("encode", e))?;
+        let sealed_task = self
+            .sealer
+            .seal(
+                SealScope::new(id, &self.backend, job.runner_request_id),
+                &plaintext,
+            )
+            .map_err(|e| sink_error("seal", e))?;
+        // The index first: a completion that arrives before the assignment finds its id.
+        self.kv
+            .put(
+                self.job_key(job.runner_request_id),
+                assignment.as_bytes().to_vec().into(),
+            )
+            .await
+            .map_err(|e| sink_error("job index", e))?;
+        let workflow = job
+            .job_workflow_ref
+            .split_once("/.github/workflows/")
+            .map(|(_, file)| file.split('@').next().unwrap_or(file).to_owned());
+        let fetched_at = now_ms();
+        let envelope = Envelope::new(
+            format!("assignment:{id}:1:github"),
+            fetched_at,
+            id,
+            1,
+            Message::Assignment(Assignment {
+                forge_instance: self.forge.clone(),
+                forge_task_id: job.runner_request_id,
+                backend: self.backend.clone(),
+                provider: None,
+                placement: Some(format!("github scale set of backend {}", self.backend)),
+                labels: job.request_labels.clone(),
+                repository: format!("{}/{}", job.owner_name, job.repository_name),
+                workflow,
+                job_name: job.job_display_name.clone(),
+                max_duration_secs: self.max_duration.as_secs(),
+                fetched_at,
+                sealed_task,
+            }),
+        );
+        self.bus
+            .publish(&subject::assignment(&self.backend, id), &envelope)
+            .await
+            .map(|_| ())
+            .map_err(|e| sink_error("publish assignment", e))
+    }
+
+    async fn claimed(
+        &self,
+        request_id: i64,
+        assignment: Option<&str>,
+        runner_name: &str,
+        _runner_id: i64,
+    ) -> Result<(), SinkError> {
+        let Some(id) = self.resolve(request_id, assignment).await? else {
+            tracing::info!(request_id, %runner_name, "a job this forge does not hold started; ignored");
+            return Ok(());
+        };
+        if !self.published(id).await? {
+            return Ok(());
+        }
+        let envelope = Envelope::new(
+            format!("claimed:{id}:1:github"),
+            now_ms(),
+            id,
+            1,
+            Message::Claimed(Claimed {
+                forge_task_id: request_id,
+                executor: runner_name.to_owned(),
+            }),
+        );
+        self.once(id, Kind::Claimed, envelope).await
+    }
+
+    async fn finished(
+        &self,
+        request_id: i64,
+        assignment: Option<&str>,
+        outcome: &Outcome,
+    ) -> Result<(), SinkError> {
+        let Some(id) = self.resolve(request_id, assignment).await? else {
+            tracing::info!(request_id, "a job this forge does not hold ended; ignored");
+            return Ok(());
+        };
+        if !self.published(id).await? {
+            return Ok(());
+        }
+        let reason = match outcome {
+            Outcome::Other(result) => Some(format!("GitHub result {result:?}")),
+            _ => None,
+        };
+        let envelope = Envelope::new(
+            format!("terminal:{id}:github"),
+            now_ms(),
+            id,
+            1,
+            Message::Terminal(Terminal {
+                forge_task_id: request_id,
+                result: task_result(outcome),
+                source: TerminalSource::Executor,
+                log_closed: true,
+                reason,
+            }),
+        );
+        self.once(id, Kind::Terminal, envelope).await
+    }
+
+    async fn refused(
+        &self,
+        assignment: &str,
+        job: &JobFacts,
+        reason: &str,
+    ) -> Result<(), SinkError> {
+        tracing::warn!(assignment, request = job.runner_request_id, repository = %format!("{}/{}", job.owner_name, job.repository_name), %reason, "GitHub job refused by the trust guard");
+        Ok(())
+    }
+
+    async fn save_cursor(&self, session: &str, last_message_id: i64) -> Result<(), SinkError> {
+        let value = format!("{session} {last_message_id}");
+        self.kv
+            .put(self.cursor_key(), value.into_bytes().into())
+            .await
+            .map(|_| ())
+            .map_err(|e| sink_error("cursor", e))
+    }
+
+    async fn load_cursor(&self) -> Result<Option<(String, i64)>, SinkError> {
+        match self.kv.get(self.cursor_key()).await {
+            Ok(Some(value)) => {
+                let text = String::from_utf8_lossy(&value);
+                let (session, last) = text
+                    .split_once(' ')
+                    .ok_or_else(|| SinkError(format!("cursor {text:?} is not `<session> <id>`")))?;
+                let last = last.trim().parse().map_err(|e| sink_error("cursor", e))?;
+                Ok(Some((session.to_owned(), last)))
+            }
+            Ok(None) => Ok(None),
+            Err(e) => Err(sink_error("cursor", e)),
+        }
+    }
+}

@@ -1,0 +1,298 @@
+//! The GitHub scale set listener with the scheduler's JetStream ledger, against a real
+//! nats-server and the strict fake GitHub: every assigned job is one assignment carrying its
+//! sealed JIT config, claimed and terminal once each; no JIT config is readable on the bus; a
+//! restarted listener resumes its session from the cursor in `JR_SCHEDULER`.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use jr_bus::async_nats::jetstream::kv;
+use jr_fake_github::{FakeGitHub, JobSpec, JobState};
+use jr_github::{Credentials, Listener, RetryPolicy, ScaleSetClient, Settings};
+use jr_protocol::{
+    AssignmentId, BackendName, Kind, Message, STREAM_ASSIGNMENTS, STREAM_EVENTS, TaskResult,
+    subject,
+};
+use jr_scheduler::github::{GitHubTask, JetStreamSink, assignment_id};
+use jr_scheduler::seal::{SealScope, Sealer};
+use support::World;
+use tokio_util::sync::CancellationToken;
+
+const PAT: &str = "ghp_scheduler";
+const FORGE: &str = "gh-acme";
+
+fn pod() -> BackendName {
+    BackendName::new("pod").expect("name")
+}
+
+fn client(fake: &FakeGitHub) -> ScaleSetClient {
+    ScaleSetClient::new(Settings {
+        url: "https://github.com/acme".into(),
+        api: Some(fake.url()),
+        credentials: Credentials::Pat(PAT.into()),
+        retry: RetryPolicy {
+            attempts: 4,
+            base: Duration::from_millis(10),
+            cap: Duration::from_millis(50),
+            max_retry_after: Duration::from_secs(2),
+        },
+        user_agent: "jetrunner-test".into(),
+    })
+    .expect("client")
+}
+
+async fn raw_last(world: &World, stream: &str, subject: &str) -> Option<Vec<u8>> {
+    let stream = world
+        .bus
+        .jetstream()
+        .get_stream(stream)
+        .await
+        .expect("stream");
+    stream
+        .direct_get_last_for_subject(subject)
+        .await
+        .ok()
+        .map(|m| m.payload.to_vec())
+}
+
+async fn count(world: &World, stream: &str, subject: &str) -> u64 {
+    let stream = world
+        .bus
+        .jetstream()
+        .get_stream(stream)
+        .await
+        .expect("stream");
+    let info = stream.info_with_subjects(subject).await.expect("info");
+    let mut total = 0;
+    let mut info = info;
+    while let Some(entry) = futures::StreamExt::next(&mut info).await {
+        total += entry.expect("subject count").1 as u64;
+    }
+    total
+}
+
+/// The assignments the sink published, by the job index in `JR_SCHEDULER`.
+async fn published(store: &kv::Store) -> BTreeSet<String> {
+    let mut keys = store.keys().await.expect("keys");
+    let mut ids = BTreeSet::new();
+    while let Some(key) = futures::StreamExt::next(&mut keys).await {
+        let key = key.expect("key");
+        if key.starts_with(&format!("github.{FORGE}.job.")) {
+            let value = store.get(&key).await.expect("get").expect("value");
+            ids.insert(String::from_utf8_lossy(&value).into_owned());
+        }
+    }
+    ids
+}
+
+/// Plays the workloads: opens each assignment's sealed task from the bus and starts its JIT
+/// runner on the fake, which then finishes its job (`failed` for every third).
+async fn workloads(
+    world: &World,
+    store: &kv::Store,
+    sealer: &Sealer,
+    fake: &FakeGitHub,
+    started: &mut BTreeSet<String>,
+) {
+    for listener_id in published(store).await {
+        if started.contains(&listener_id) {
+            continue;
+        }
+        let id = assignment_id(&listener_id).expect("id");
+        let Some((_, envelope)) = world
+            .bus
+            .last_on_subject(STREAM_ASSIGNMENTS, &subject::assignment(&pod(), id))
+            .await
+            .expect("read")
+        else {
+            continue;
+        };
+        let Message::Assignment(assignment) = envelope.message else {
+            panic!("not an assignment");
+        };
+        let plain = sealer
+            .open(SealScope::of(id, &assignment), &assignment.sealed_task)
+            .expect("the workload's scope opens its task");
+        let task: GitHubTask = serde_json::from_slice(&plain).expect("task");
+        started.insert(listener_id);
+        let (runner, job) = fake.start_runner(&task.jit_config).expect("runner starts");
+        let job = match job {
+            Some(job) => job,
+            None => loop {
+                if let Some(job) = fake.poll_runner(runner) {
+                    break job;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            },
+        };
+        let result = if job % 3 == 0 { "failed" } else { "succeeded" };
+        fake.finish_runner(runner, result).expect("finish");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn github_jobs_become_sealed_assignments_claimed_and_final_once() {
+    let world = World::start().await;
+    let sealer = Arc::new(jr_scheduler::service::sealer_from_config(&world.config).expect("key"));
+    let store = jr_scheduler::request_key::open_bucket(&world.bus)
+        .await
+        .expect("bucket");
+    let fake = FakeGitHub::start(PAT).await.expect("fake");
+    fake.set_poll_hold(Duration::from_millis(100));
+    let set = client(&fake)
+        .ensure_scale_set("default", "jetrunner", &[])
+        .await
+        .expect("scale set");
+    let listener = || Listener {
+        client: client(&fake),
+        scale_set: set.id,
+        owner: "scheduler-test".into(),
+        forge: FORGE.into(),
+        max_capacity: 10,
+        work_folder: "_work".into(),
+        guard: None,
+        sink: JetStreamSink {
+            bus: world.bus.clone(),
+            kv: store.clone(),
+            sealer: sealer.clone(),
+            forge: FORGE.into(),
+            backend: pod(),
+            max_duration: Duration::from_secs(3600),
+            room: Arc::new(|| 10),
+        },
+    };
+
+    let stop = CancellationToken::new();
+    let first = listener();
+    let running = {
+        let stop = stop.clone();
+        tokio::spawn(async move { first.run(stop, true).await })
+    };
+    let mut jobs: Vec<i64> = (0..5)
+        .map(|_| fake.enqueue(JobSpec::push(&["jetrunner"])))
+        .collect();
+    let mut started = BTreeSet::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let all_final = |jobs: &[i64]| {
+        jobs.iter().all(|j| {
+            matches!(
+                fake.job(*j).map(|j| j.state),
+                Some(JobState::Completed { .. })
+            )
+        })
+    };
+    while !all_final(&jobs) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "jobs not final in time"
+        );
+        workloads(&world, &store, &sealer, &fake, &mut started).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Stopped without deleting the session, as a crash leaves it; a new listener resumes it.
+    stop.cancel();
+    running.await.expect("join").expect("listener");
+    let session = fake.session(set.id).expect("session kept");
+    let stop = CancellationToken::new();
+    let second = listener();
+    let running = {
+        let stop = stop.clone();
+        tokio::spawn(async move { second.run(stop, false).await })
+    };
+    jobs.extend((0..3).map(|_| fake.enqueue(JobSpec::push(&["jetrunner"]))));
+    while !all_final(&jobs) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "jobs after the restart not final in time"
+        );
+        workloads(&world, &store, &sealer, &fake, &mut started).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The last terminals may still be on their way to the bus.
+    let ids: Vec<AssignmentId> = published(&store)
+        .await
+        .iter()
+        .map(|i| assignment_id(i).expect("id"))
+        .collect();
+    assert_eq!(ids.len(), jobs.len(), "one assignment per job");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut missing = 0;
+        for id in &ids {
+            if raw_last(
+                &world,
+                STREAM_EVENTS,
+                &subject::event(&pod(), *id, Kind::Terminal),
+            )
+            .await
+            .is_none()
+            {
+                missing += 1;
+            }
+        }
+        if missing == 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{missing} terminals missing"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.cancel();
+    running.await.expect("join").expect("listener");
+    assert!(
+        fake.session(set.id).is_none(),
+        "the session was not deleted on shutdown"
+    );
+    let cursor = store
+        .get(format!("github.{FORGE}.cursor"))
+        .await
+        .expect("get")
+        .expect("cursor");
+    assert!(
+        String::from_utf8_lossy(&cursor).starts_with(&session),
+        "the restart opened a new session"
+    );
+
+    let secrets: Vec<String> = fake
+        .removed_runners()
+        .iter()
+        .map(|r| r.encoded_jit_config.clone())
+        .collect();
+    assert_eq!(secrets.len(), jobs.len(), "runners that ran");
+    for id in &ids {
+        for (stream, subject) in [
+            (STREAM_ASSIGNMENTS, subject::assignment(&pod(), *id)),
+            (STREAM_EVENTS, subject::event(&pod(), *id, Kind::Claimed)),
+            (STREAM_EVENTS, subject::event(&pod(), *id, Kind::Terminal)),
+        ] {
+            assert_eq!(count(&world, stream, &subject).await, 1, "{subject}");
+            let raw = raw_last(&world, stream, &subject).await.expect("message");
+            for secret in &secrets {
+                assert!(
+                    !raw.windows(secret.len()).any(|w| w == secret.as_bytes()),
+                    "a JIT config is readable on {subject}"
+                );
+            }
+        }
+        let (_, terminal) = world
+            .bus
+            .last_on_subject(STREAM_EVENTS, &subject::event(&pod(), *id, Kind::Terminal))
+            .await
+            .expect("read")
+            .expect("terminal");
+        let Message::Terminal(terminal) = terminal.message else {
+            panic!("not a terminal");
+        };
+        let expected = if terminal.forge_task_id % 3 == 0 {
+            TaskResult::Failure
+        } else {
+            TaskResult::Success
+        };
+        assert_eq!(terminal.result, expected, "job {}", terminal.forge_task_id);
+    }
+}
