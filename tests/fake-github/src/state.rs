@@ -93,7 +93,8 @@ pub struct ScaleSet {
     pub queue: VecDeque<QueueMessage>,
     /// Job messages not yet in a formed message.
     pub pending: Vec<Value>,
-    /// `X-ScaleSetMaxCapacity` of the last poll.
+    /// `X-ScaleSetMaxCapacity` of the last poll: github.com assigns no more jobs to the scale
+    /// set than that many at once.
     pub max_capacity: Option<u64>,
 }
 
@@ -214,9 +215,29 @@ impl World {
             if let Some(job) = self.jobs.get_mut(&request_id) {
                 job.state = JobState::Available { scale_set: set };
             }
-        } else {
+        } else if self.has_capacity(set) {
             self.assign(request_id, set);
         }
+        // Else it stays queued until the scale set has room (see `route_queued`).
+    }
+
+    /// Whether github.com would assign one more job to `set`: fewer jobs assigned or running
+    /// than the `X-ScaleSetMaxCapacity` its listener last sent (no limit before the first poll).
+    fn has_capacity(&self, set: i64) -> bool {
+        let Some(max) = self.scale_sets.get(&set).and_then(|s| s.max_capacity) else {
+            return true;
+        };
+        let held = self
+            .jobs
+            .values()
+            .filter(|j| match j.state {
+                JobState::Assigned { scale_set } | JobState::Running { scale_set, .. } => {
+                    scale_set == set
+                }
+                _ => false,
+            })
+            .count();
+        (held as u64) < max
     }
 
     fn assign(&mut self, request_id: i64, set: i64) {
@@ -286,6 +307,11 @@ impl World {
 
     /// The workflow run was cancelled. A running job ends when its runner reports.
     pub fn cancel(&mut self, request_id: i64) {
+        self.cancel_one(request_id);
+        self.route_queued();
+    }
+
+    fn cancel_one(&mut self, request_id: i64) {
         let Some(job) = self.jobs.get_mut(&request_id) else {
             return;
         };
@@ -423,6 +449,7 @@ impl World {
         if let Some(r) = self.runners.remove(&runner_id) {
             self.removed_runners.push(r);
         }
+        self.route_queued();
         Ok(())
     }
 

@@ -376,6 +376,37 @@ async fn acquiring_keeps_to_the_room_and_offers_wait_for_it() {
 }
 
 #[tokio::test]
+async fn github_com_assigns_no_more_than_the_capacity_the_listener_announces() {
+    let run = start(false, 100).await;
+    let stop = CancellationToken::new();
+    let work = tokio::spawn(workloads(run.fake.clone(), run.sink.clone(), stop.clone()));
+    let mut l = listener(&run);
+    l.max_capacity = 2;
+    let handle = {
+        let stop = stop.clone();
+        tokio::spawn(async move { l.run(stop, false).await })
+    };
+    // The service learns the capacity from the listener's polls.
+    until("the first poll", || {
+        run.fake.max_capacity(run.scale_set) == Some(2)
+    })
+    .await;
+    let jobs: Vec<i64> = (0..7)
+        .map(|_| run.fake.enqueue(JobSpec::push(&["jetrunner"])))
+        .collect();
+    until("every job final", || {
+        run.sink.ledger().finals.len() == jobs.len()
+    })
+    .await;
+    stop.cancel();
+    handle.await.expect("join").expect("listener");
+    work.await.expect("workloads");
+    assert_all_final_once(&run, &jobs);
+    let peak = run.sink.ledger().peak_open;
+    assert!(peak <= 2, "{peak} jobs open at once with a capacity of 2");
+}
+
+#[tokio::test]
 async fn a_failed_ledger_write_and_a_restart_lose_nothing_and_duplicate_nothing() {
     let run = start(false, 100).await;
     let stop = CancellationToken::new();

@@ -244,8 +244,13 @@ pub(super) async fn get_message(
         .get("x-scalesetmaxcapacity")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse().ok());
-    if let Some(set) = lock(&s.world).scale_sets.get_mut(&id) {
-        set.max_capacity = capacity;
+    {
+        let mut world = lock(&s.world);
+        if let Some(set) = world.scale_sets.get_mut(&id) {
+            set.max_capacity = capacity;
+        }
+        // More capacity may let queued jobs be assigned.
+        world.route_queued();
     }
     let hold = *lock(&s.poll_hold);
     let deadline = tokio::time::Instant::now() + hold;
