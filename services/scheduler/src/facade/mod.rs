@@ -10,6 +10,7 @@
 //! - [`Ledger`] is the IO boundary to JetStream; [`MemoryLedger`] is the in-memory stand-in.
 
 mod auth;
+mod github;
 mod ledger;
 mod limits;
 pub(crate) mod progress;

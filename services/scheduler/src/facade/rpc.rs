@@ -52,6 +52,10 @@ pub fn router<L: Ledger>(facade: Arc<Facade<L>>) -> Router {
             &format!("{API_PREFIX}/{RUNNER_SERVICE}/{{method}}"),
             post(runner_service::<L>),
         )
+        .route(
+            super::github::RUNNER_CONFIG_PATH,
+            post(super::github::runner_config::<L>),
+        )
         .fallback(proxy::<L>)
         .with_state(facade)
 }
@@ -282,7 +286,7 @@ async fn runner_service<L: Ledger>(
     tracing::Instrument::instrument(calls, span).await
 }
 
-fn auth_error(failure: AuthFailure) -> RpcError {
+pub(crate) fn auth_error(failure: AuthFailure) -> RpcError {
     match failure {
         AuthFailure::Refused(reason) => RpcError::new(
             Code::Unauthenticated,
@@ -297,7 +301,7 @@ fn auth_error(failure: AuthFailure) -> RpcError {
     }
 }
 
-fn not_visible_yet() -> RpcError {
+pub(crate) fn not_visible_yet() -> RpcError {
     RpcError::new(
         Code::Unavailable,
         "assignment not known to the facade yet; retry",
