@@ -81,24 +81,24 @@ fn task_result(outcome: &Outcome) -> TaskResult {
 }
 
 impl JetStreamSink {
-    fn job_key(&self, request_id: i64) -> String {
-        format!("github.{}.job.{request_id}", self.forge)
+    fn job_key(&self, job: &JobFacts) -> String {
+        format!("github.{}.job.{}", self.forge, job.key())
     }
 
     fn cursor_key(&self) -> String {
         format!("github.{}.cursor", self.forge)
     }
 
-    /// The assignment holding job `request_id`: as the listener names it, else from the KV.
+    /// The assignment holding `job`: as the listener names it, else from the KV.
     async fn resolve(
         &self,
-        request_id: i64,
+        job: &JobFacts,
         named: Option<&str>,
     ) -> Result<Option<AssignmentId>, SinkError> {
         if let Some(named) = named {
             return assignment_id(named).map(Some);
         }
-        match self.kv.get(self.job_key(request_id)).await {
+        match self.kv.get(self.job_key(job)).await {
             Ok(Some(value)) => {
                 let text = String::from_utf8_lossy(&value);
                 assignment_id(text.trim()).map(Some)
@@ -109,7 +109,7 @@ impl JetStreamSink {
     }
 
     /// Whether `id`'s assignment was published (the listener may name one the guard refused).
-    async fn published(&self, id: AssignmentId) -> Result<bool, SinkError> {
+    async fn is_published(&self, id: AssignmentId) -> Result<bool, SinkError> {
         self.bus
             .last_on_subject(
                 jr_protocol::STREAM_ASSIGNMENTS,
@@ -146,6 +146,28 @@ impl Sink for JetStreamSink {
         (self.room)()
     }
 
+    async fn published(&self, assignment: &str) -> Result<bool, SinkError> {
+        self.is_published(assignment_id(assignment)?).await
+    }
+
+    async fn holder(&self, job: &JobFacts) -> Result<Option<String>, SinkError> {
+        let Some(id) = self.resolve(job, None).await? else {
+            return Ok(None);
+        };
+        if !self.is_published(id).await? {
+            return Ok(None);
+        }
+        let terminal = self
+            .bus
+            .last_on_subject(
+                jr_protocol::STREAM_EVENTS,
+                &subject::event(&self.backend, id, Kind::Terminal),
+            )
+            .await
+            .map_err(|e| sink_error("terminal lookup", e))?;
+        Ok(terminal.is_none().then(|| id.0.simple().to_string()))
+    }
+
     async fn assign(
         &self,
         assignment: &str,
@@ -167,10 +189,7 @@ impl Sink for JetStreamSink {
             .map_err(|e| sink_error("seal", e))?;
         // The index first: a completion that arrives before the assignment finds its id.
         self.kv
-            .put(
-                self.job_key(job.runner_request_id),
-                assignment.as_bytes().to_vec().into(),
-            )
+            .put(self.job_key(job), assignment.as_bytes().to_vec().into())
             .await
             .map_err(|e| sink_error("job index", e))?;
         let workflow = job
@@ -207,16 +226,17 @@ impl Sink for JetStreamSink {
 
     async fn claimed(
         &self,
-        request_id: i64,
+        job: &JobFacts,
         assignment: Option<&str>,
         runner_name: &str,
         _runner_id: i64,
     ) -> Result<(), SinkError> {
-        let Some(id) = self.resolve(request_id, assignment).await? else {
-            tracing::info!(request_id, %runner_name, "a job this forge does not hold started; ignored");
+        let request_id = job.runner_request_id;
+        let Some(id) = self.resolve(job, assignment).await? else {
+            tracing::info!(job = %job.key(), %runner_name, "a job this forge does not hold started; ignored");
             return Ok(());
         };
-        if !self.published(id).await? {
+        if !self.is_published(id).await? {
             return Ok(());
         }
         let envelope = Envelope::new(
@@ -234,15 +254,16 @@ impl Sink for JetStreamSink {
 
     async fn finished(
         &self,
-        request_id: i64,
+        job: &JobFacts,
         assignment: Option<&str>,
         outcome: &Outcome,
     ) -> Result<(), SinkError> {
-        let Some(id) = self.resolve(request_id, assignment).await? else {
-            tracing::info!(request_id, "a job this forge does not hold ended; ignored");
+        let request_id = job.runner_request_id;
+        let Some(id) = self.resolve(job, assignment).await? else {
+            tracing::info!(job = %job.key(), "a job this forge does not hold ended; ignored");
             return Ok(());
         };
-        if !self.published(id).await? {
+        if !self.is_published(id).await? {
             return Ok(());
         }
         let reason = match outcome {
@@ -271,7 +292,7 @@ impl Sink for JetStreamSink {
         job: &JobFacts,
         reason: &str,
     ) -> Result<(), SinkError> {
-        tracing::warn!(assignment, request = job.runner_request_id, repository = %format!("{}/{}", job.owner_name, job.repository_name), %reason, "GitHub job refused by the trust guard");
+        tracing::warn!(assignment, request = job.runner_request_id, repository = %format!("{}/{}", job.owner_name, job.repository_name), %reason, "GitHub job gets no runner");
         Ok(())
     }
 

@@ -217,7 +217,13 @@ async fn github_jobs_become_sealed_assignments_claimed_and_final_once() {
         .iter()
         .map(|i| assignment_id(i).expect("id"))
         .collect();
-    assert_eq!(ids.len(), jobs.len(), "one assignment per job");
+    assert_eq!(ids.len(), jobs.len(), "one assignment per job in the index");
+    // On the stream itself: as many assignment messages as jobs, one per subject.
+    assert_eq!(
+        count(&world, STREAM_ASSIGNMENTS, "jr.assignment.pod.>").await,
+        jobs.len() as u64,
+        "assignment messages"
+    );
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         let mut missing = 0;

@@ -191,7 +191,7 @@ impl ScaleSetClient {
 
     /// The token REST calls carry: the PAT, or an installation token minted with the App's
     /// JWT and kept until shortly before it expires.
-    async fn credential(&self) -> Result<String, GitHubError> {
+    async fn credential(&self, fresh: bool) -> Result<String, GitHubError> {
         const OP: &str = "installation token";
         let (issuer, installation_id, key, cached) = match &self.inner.auth {
             Auth::Pat(token) => return Ok(token.clone()),
@@ -203,7 +203,7 @@ impl ScaleSetClient {
             } => (issuer, installation_id, key, token),
         };
         let mut cached = cached.lock().await;
-        if let Some(token) = cached.as_ref().filter(|t| t.fresh()) {
+        if let Some(token) = cached.as_ref().filter(|t| !fresh && t.fresh()) {
             return Ok(token.token.clone());
         }
         let url = format!(
@@ -235,23 +235,45 @@ impl ScaleSetClient {
         Ok(value)
     }
 
+    /// A GitHub REST call with the credential. A 401 with an App's cached installation token
+    /// (revoked, or the App installed again) mints a new one and tries once more.
+    async fn rest(
+        &self,
+        op: &'static str,
+        method: Method,
+        url: &str,
+    ) -> Result<Response, GitHubError> {
+        let mut fresh = false;
+        loop {
+            let credential = self.credential(fresh).await?;
+            let response = self
+                .inner
+                .retry
+                .send(op, || {
+                    self.inner
+                        .http
+                        .request(method.clone(), url)
+                        .bearer_auth(&credential)
+                        .header("Accept", "application/vnd.github+json")
+                        .timeout(CALL_TIMEOUT)
+                })
+                .await?;
+            if response.status() == StatusCode::UNAUTHORIZED
+                && !fresh
+                && matches!(self.inner.auth, Auth::App { .. })
+            {
+                fresh = true;
+                continue;
+            }
+            return Ok(response);
+        }
+    }
+
     /// Registration token, then the Actions service URL and admin token for it.
     async fn renew_admin(&self) -> Result<Admin, GitHubError> {
         let config = &self.inner.config;
         let url = format!("{}{}", config.api, config.registration_token_path());
-        let credential = self.credential().await?;
-        let response = self
-            .inner
-            .retry
-            .send("registration token", || {
-                self.inner
-                    .http
-                    .post(&url)
-                    .bearer_auth(&credential)
-                    .header("Accept", "application/vnd.github+json")
-                    .timeout(CALL_TIMEOUT)
-            })
-            .await?;
+        let response = self.rest("registration token", Method::POST, &url).await?;
         if response.status() != StatusCode::CREATED {
             return Err(refused("registration token", response).await);
         }
@@ -613,19 +635,7 @@ impl ScaleSetClient {
             "{}/repos/{owner}/{repo}/actions/runs/{run_id}/cancel",
             self.inner.config.api
         );
-        let credential = self.credential().await?;
-        let response = self
-            .inner
-            .retry
-            .send(OP, || {
-                self.inner
-                    .http
-                    .post(&url)
-                    .bearer_auth(&credential)
-                    .header("Accept", "application/vnd.github+json")
-                    .timeout(CALL_TIMEOUT)
-            })
-            .await?;
+        let response = self.rest(OP, Method::POST, &url).await?;
         match response.status() {
             StatusCode::ACCEPTED | StatusCode::OK | StatusCode::CONFLICT => Ok(()),
             _ => Err(refused(OP, response).await),
@@ -644,19 +654,7 @@ impl ScaleSetClient {
             "{}/repos/{owner}/{repo}/actions/runs/{run_id}",
             self.inner.config.api
         );
-        let credential = self.credential().await?;
-        let response = self
-            .inner
-            .retry
-            .send(OP, || {
-                self.inner
-                    .http
-                    .get(&url)
-                    .bearer_auth(&credential)
-                    .header("Accept", "application/vnd.github+json")
-                    .timeout(CALL_TIMEOUT)
-            })
-            .await?;
+        let response = self.rest(OP, Method::GET, &url).await?;
         let run: Value = Self::expect(OP, response, StatusCode::OK).await?;
         let text = |path: &[&str]| {
             let mut v = &run;

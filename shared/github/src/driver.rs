@@ -1,6 +1,15 @@
 //! Runs a scale set listener: opens (or resumes) the message session, polls, lets
 //! [`ListenerState`] decide and performs its actions against the GitHub client and a [`Sink`]
 //! (jetrunner's ledger), deleting a message only when all its actions are done.
+//!
+//! What can fail, and what happens then:
+//! - A transient failure (the ledger, an outage, backpressure) leaves the message on the queue;
+//!   it comes again and is decided again from the memory held before it.
+//! - A permanent refusal about one job (GitHub will not make its runner, or will not cancel a
+//!   refused run) is reported to the ledger and the message goes on: one job must not hold the
+//!   queue of every other.
+//! - Deleting the message is the commit point: what follows (saving the cursor) is retried on
+//!   the next message, never undone.
 
 use std::future::Future;
 use std::time::Duration;
@@ -24,6 +33,13 @@ pub struct SinkError(pub String);
 pub trait Sink: Send + Sync {
     /// How many more jobs the backends can start soon.
     fn room(&self) -> usize;
+    /// Whether the assignment `assignment` is already published (its runner config with it).
+    fn published(&self, assignment: &str) -> impl Future<Output = Result<bool, SinkError>> + Send;
+    /// The open assignment (published, not final) that holds `job`, if any.
+    fn holder(
+        &self,
+        job: &JobFacts,
+    ) -> impl Future<Output = Result<Option<String>, SinkError>> + Send;
     /// Publishes the assignment for `job` (once-only by `assignment`) carrying `jit`, the
     /// runner config of attempt 1, which only its workload may read.
     fn assign(
@@ -32,24 +48,25 @@ pub trait Sink: Send + Sync {
         job: &JobFacts,
         jit: &JitConfig,
     ) -> impl Future<Output = Result<(), SinkError>> + Send;
-    /// Job `request_id` started on runner `runner_name`: the once-only claim of its
-    /// assignment (`assignment` when the listener knows it, else the ledger finds it by job),
+    /// `job` started on runner `runner_name`: the once-only claim of its assignment
+    /// (`assignment` when the listener knows it, else the ledger finds it by the job),
     /// binding the job to the runner's workload.
     fn claimed(
         &self,
-        request_id: i64,
+        job: &JobFacts,
         assignment: Option<&str>,
         runner_name: &str,
         runner_id: i64,
     ) -> impl Future<Output = Result<(), SinkError>> + Send;
-    /// Job `request_id` is over: the once-only terminal of its assignment.
+    /// `job` is over: the once-only terminal of its assignment.
     fn finished(
         &self,
-        request_id: i64,
+        job: &JobFacts,
         assignment: Option<&str>,
         outcome: &Outcome,
     ) -> impl Future<Output = Result<(), SinkError>> + Send;
-    /// The guard refused `job` (its run was cancelled, no runner was made): for the operators.
+    /// `job` gets no runner: the guard refused it (its run was cancelled) or GitHub refused to
+    /// make one. For the operators.
     fn refused(
         &self,
         assignment: &str,
@@ -74,6 +91,21 @@ pub enum ListenError {
     Sink(#[from] SinkError),
 }
 
+impl ListenError {
+    /// Worth handling the message again later (everything but GitHub's own refusals).
+    fn transient(&self) -> bool {
+        match self {
+            ListenError::GitHub(error) => {
+                error.is_transient() || matches!(error.status(), Some(401 | 409))
+            }
+            ListenError::Sink(_) => true,
+        }
+    }
+}
+
+/// The longest wait between two tries of the same thing.
+const MAX_DELAY: Duration = Duration::from_secs(30);
+
 pub struct Listener<S> {
     pub client: ScaleSetClient,
     pub scale_set: i64,
@@ -86,29 +118,87 @@ pub struct Listener<S> {
     pub sink: S,
 }
 
+/// Sleeps `delay` unless `stop` fires first; `false` when it did.
+async fn pause(stop: &CancellationToken, delay: Duration) -> bool {
+    tokio::select! {
+        () = stop.cancelled() => false,
+        () = tokio::time::sleep(delay) => true,
+    }
+}
+
 impl<S: Sink> Listener<S> {
-    /// Resumes the saved session, or opens a new one.
-    async fn session(&self) -> Result<MessageSession, ListenError> {
-        if let Some((id, last)) = self.sink.load_cursor().await? {
-            match self.client.resume_session(self.scale_set, &id, last).await {
-                Ok(session) => return Ok(session),
-                Err(error) => {
-                    tracing::info!(%error, "the saved session cannot be resumed; opening a new one")
+    /// Resumes the saved session, or opens a new one. Transient failures and a session
+    /// conflict (another listener's session, or our own earlier one the service still holds)
+    /// are tried again until `stop`.
+    async fn session(
+        &self,
+        stop: &CancellationToken,
+    ) -> Result<Option<MessageSession>, ListenError> {
+        let mut delay = Duration::from_millis(200);
+        let saved = loop {
+            match self.sink.load_cursor().await {
+                Ok(saved) => break saved,
+                Err(error) => tracing::warn!(%error, "reading the session cursor failed; retrying"),
+            }
+            if !pause(stop, delay).await {
+                return Ok(None);
+            }
+            delay = (delay * 2).min(MAX_DELAY);
+        };
+        if let Some((id, last)) = saved {
+            loop {
+                match self.client.resume_session(self.scale_set, &id, last).await {
+                    Ok(session) => return Ok(Some(session)),
+                    Err(error) if error.is_transient() => {
+                        tracing::warn!(%error, "resuming the session failed; retrying")
+                    }
+                    Err(error) => {
+                        tracing::info!(%error, "the saved session cannot be resumed; opening a new one");
+                        break;
+                    }
                 }
+                if !pause(stop, delay).await {
+                    return Ok(None);
+                }
+                delay = (delay * 2).min(MAX_DELAY);
             }
         }
-        let session = self
-            .client
-            .create_session(self.scale_set, &self.owner)
-            .await?;
-        self.sink
+        loop {
+            match self
+                .client
+                .create_session(self.scale_set, &self.owner)
+                .await
+            {
+                Ok(session) => {
+                    self.save(&session).await;
+                    return Ok(Some(session));
+                }
+                Err(error) if error.is_session_conflict() || error.is_transient() => {
+                    tracing::warn!(%error, "opening the session failed; retrying (a session left by a stopped listener lapses on the service's side)");
+                }
+                Err(error) => return Err(error.into()),
+            }
+            if !pause(stop, delay).await {
+                return Ok(None);
+            }
+            delay = (delay * 2).min(MAX_DELAY);
+        }
+    }
+
+    /// Saves the cursor; a failure is logged and the next message saves it again.
+    async fn save(&self, session: &MessageSession) {
+        if let Err(error) = self
+            .sink
             .save_cursor(session.id(), session.last_message_id())
-            .await?;
-        Ok(session)
+            .await
+        {
+            tracing::warn!(%error, "saving the session cursor failed; saved again after the next message");
+        }
     }
 
     /// A JIT config named for `assignment`'s attempt 1. A name left over from an earlier try
-    /// (the config was made but the assignment not published) is removed and made again.
+    /// whose assignment was never published is removed and made again (no workload can have
+    /// started it: only a published assignment carries a config).
     async fn jit(&self, assignment: &str) -> Result<JitConfig, GitHubError> {
         let name = runner_name(assignment, 1);
         match self
@@ -135,7 +225,10 @@ impl<S: Sink> Listener<S> {
         stop: CancellationToken,
         keep_session: bool,
     ) -> Result<(), ListenError> {
-        let mut session = self.session().await?;
+        let Some(mut session) = self.session(&stop).await? else {
+            return Ok(());
+        };
+        let mut saved_session = session.id().to_owned();
         let mut state = ListenerState::new(&self.forge, Default::default());
         let mut delay = Duration::from_millis(200);
         loop {
@@ -143,6 +236,11 @@ impl<S: Sink> Listener<S> {
                 () = stop.cancelled() => break,
                 polled = session.next_message(self.max_capacity) => polled,
             };
+            // A session opened again after an eviction is saved at once.
+            if session.id() != saved_session {
+                self.save(&session).await;
+                saved_session = session.id().to_owned();
+            }
             let message = match polled {
                 Ok(Some(message)) => message,
                 Ok(None) => {
@@ -151,11 +249,10 @@ impl<S: Sink> Listener<S> {
                 }
                 Err(error) if error.is_transient() => {
                     tracing::warn!(%error, "polling the scale set failed; retrying");
-                    tokio::select! {
-                        () = stop.cancelled() => break,
-                        () = tokio::time::sleep(delay) => {}
+                    if !pause(&stop, delay).await {
+                        break;
                     }
-                    delay = (delay * 2).min(Duration::from_secs(30));
+                    delay = (delay * 2).min(MAX_DELAY);
                     continue;
                 }
                 Err(error) => return Err(error.into()),
@@ -163,20 +260,22 @@ impl<S: Sink> Listener<S> {
             delay = Duration::from_millis(200);
             let before = state.clone();
             let actions = state.on_message(&message, self.sink.room());
-            if let Err(error) = self.perform(&mut session, &mut state, actions).await {
-                // Not deleted: the message comes again (polls ask for what follows the last
-                // deleted one) and is decided again from the memory held before it.
-                tracing::warn!(%error, message = message.id, "handling a message failed; it will come again");
-                state = before;
-                tokio::select! {
-                    () = stop.cancelled() => break,
-                    () = tokio::time::sleep(delay) => {}
+            // Stopping mid-message is safe: the message is not deleted, every action repeats.
+            let done = tokio::select! {
+                () = stop.cancelled() => break,
+                done = self.perform(&mut session, &mut state, actions) => done,
+            };
+            match done {
+                Ok(()) => self.acquire_offered(&mut session, &mut state).await,
+                Err(error) => {
+                    tracing::warn!(%error, message = message.id, "handling a message failed; it will come again");
+                    state = before;
+                    if !pause(&stop, delay).await {
+                        break;
+                    }
+                    delay = (delay * 2).min(MAX_DELAY);
                 }
-                delay = (delay * 2).min(Duration::from_secs(30));
-                continue;
             }
-            // Completions free room: offers waiting for it are asked for now.
-            self.acquire_offered(&mut session, &mut state).await;
         }
         if !keep_session {
             session.close().await?;
@@ -184,9 +283,9 @@ impl<S: Sink> Listener<S> {
         Ok(())
     }
 
-    /// Why the guard refuses `job`, if it does. A run that cannot be looked up for a reason
-    /// other than backpressure or an outage counts as a fork's; those two make the message
-    /// come again.
+    /// Why the guard refuses `job`, if it does. A run the service says does not exist, or
+    /// whose answer cannot be read, counts as a fork's; any other failure (an outage, a rate
+    /// limit, a refused credential) makes the message come again rather than cancel a run.
     async fn refusal(&self, job: &JobFacts) -> Result<Option<String>, ListenError> {
         let Some(guard) = &self.guard else {
             return Ok(None);
@@ -198,11 +297,14 @@ impl<S: Sink> Listener<S> {
                 .await
             {
                 Ok(origin) => Some(origin),
-                Err(error) if error.is_transient() => return Err(error.into()),
-                Err(error) => {
-                    tracing::warn!(%error, run = job.workflow_run_id, "cannot look the run up; treating it as a fork's");
+                Err(error)
+                    if error.status() == Some(404)
+                        || matches!(error, GitHubError::Decode { .. }) =>
+                {
+                    tracing::warn!(%error, run = job.workflow_run_id, "the run cannot be looked up; treating it as a fork's");
                     None
                 }
+                Err(error) => return Err(error.into()),
             }
         } else {
             None
@@ -211,6 +313,48 @@ impl<S: Sink> Listener<S> {
             Verdict::Allowed => None,
             Verdict::Refused { reason } => Some(reason),
         })
+    }
+
+    /// Publishes `assignment` for `job` with a new runner, unless it is published already (a
+    /// message handled again) or another open assignment holds the job (a re-sent message).
+    async fn assign(&self, assignment: &str, job: &JobFacts) -> Result<(), ListenError> {
+        if self.sink.published(assignment).await? {
+            return Ok(());
+        }
+        if let Some(other) = self.sink.holder(job).await?
+            && other != assignment
+        {
+            tracing::info!(job = %job.key(), holder = %other, "job already held by an open assignment; re-sent assignment ignored");
+            return Ok(());
+        }
+        if let Some(reason) = self.refusal(job).await? {
+            tracing::warn!(job = %job.key(), run = job.workflow_run_id, %reason, "job refused by the trust guard; cancelling its run");
+            match self
+                .client
+                .cancel_run(&job.owner_name, &job.repository_name, job.workflow_run_id)
+                .await
+            {
+                Ok(()) => {}
+                Err(error) if error.is_transient() => return Err(error.into()),
+                Err(error) => {
+                    tracing::error!(%error, run = job.workflow_run_id, "the refused job's run cannot be cancelled; it gets no runner from jetrunner")
+                }
+            }
+            self.sink.refused(assignment, job, &reason).await?;
+            return Ok(());
+        }
+        let jit = match self.jit(assignment).await {
+            Ok(jit) => jit,
+            Err(error) if !error.is_transient() && !matches!(error.status(), Some(401 | 409)) => {
+                let reason = format!("GitHub refused to make its runner: {error}");
+                tracing::error!(job = %job.key(), %reason, "job gets no runner");
+                self.sink.refused(assignment, job, &reason).await?;
+                return Ok(());
+            }
+            Err(error) => return Err(error.into()),
+        };
+        self.sink.assign(assignment, job, &jit).await?;
+        Ok(())
     }
 
     /// Asks for offered jobs there is room for now; a failure leaves them offered.
@@ -232,47 +376,49 @@ impl<S: Sink> Listener<S> {
     ) -> Result<(), ListenError> {
         for action in actions {
             match action {
-                Action::Acquire(ids) => {
-                    let granted = session.acquire(&ids).await?;
-                    state.acquire_answered(&ids, &granted);
-                }
-                Action::Assign { assignment, job } => {
-                    if let Some(reason) = self.refusal(&job).await? {
-                        tracing::warn!(request = job.runner_request_id, run = job.workflow_run_id, %reason, "job refused by the trust guard; cancelling its run");
-                        self.client
-                            .cancel_run(&job.owner_name, &job.repository_name, job.workflow_run_id)
-                            .await?;
-                        self.sink.refused(&assignment, &job, &reason).await?;
-                        continue;
+                Action::Acquire(ids) => match session.acquire(&ids).await {
+                    Ok(granted) => state.acquire_answered(&ids, &granted),
+                    Err(error) if error.is_transient() || error.status() == Some(401) => {
+                        return Err(error.into());
                     }
-                    let jit = self.jit(&assignment).await?;
-                    self.sink.assign(&assignment, &job, &jit).await?;
+                    // Refused for good: none granted; the offers are forgotten.
+                    Err(error) => {
+                        tracing::warn!(%error, "acquire refused");
+                        state.acquire_answered(&ids, &[]);
+                    }
+                },
+                Action::Assign { assignment, job } => {
+                    if let Err(error) = self.assign(&assignment, &job).await {
+                        if error.transient() {
+                            return Err(error);
+                        }
+                        tracing::error!(%error, job = %job.key(), "the job's assignment failed for good; going on with the others");
+                    }
                 }
                 Action::Claim {
-                    request_id,
+                    job,
                     assignment,
                     runner_name,
                     runner_id,
                 } => {
                     self.sink
-                        .claimed(request_id, assignment.as_deref(), &runner_name, runner_id)
+                        .claimed(&job, assignment.as_deref(), &runner_name, runner_id)
                         .await?;
                 }
                 Action::Finish {
-                    request_id,
+                    job,
                     assignment,
                     outcome,
                     ..
                 } => {
                     self.sink
-                        .finished(request_id, assignment.as_deref(), &outcome)
+                        .finished(&job, assignment.as_deref(), &outcome)
                         .await?;
                 }
                 Action::Delete(id) => {
                     session.delete_message(id).await?;
-                    self.sink
-                        .save_cursor(session.id(), session.last_message_id())
-                        .await?;
+                    // The commit point: the message is gone and its actions are done.
+                    self.save(session).await;
                 }
             }
         }

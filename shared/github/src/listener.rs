@@ -63,17 +63,17 @@ pub enum Action {
     /// Publish the assignment (once-only by its id) for a job assigned to the scale set, with
     /// a JIT runner for attempt 1.
     Assign { assignment: String, job: JobFacts },
-    /// Runner `runner_name` took job `request_id`: the once-only claim of the job's assignment
-    /// (`None` when this listener does not remember it; the ledger finds it by the job).
+    /// Runner `runner_name` took `job`: the once-only claim of the job's assignment (`None`
+    /// when this listener does not remember it; the ledger finds it by the job).
     Claim {
-        request_id: i64,
+        job: JobFacts,
         assignment: Option<String>,
         runner_name: String,
         runner_id: i64,
     },
-    /// Job `request_id` is over: the once-only terminal of its assignment.
+    /// `job` is over: the once-only terminal of its assignment.
     Finish {
-        request_id: i64,
+        job: JobFacts,
         assignment: Option<String>,
         runner_name: Option<String>,
         outcome: Outcome,
@@ -94,7 +94,8 @@ pub struct Tracked {
 #[derive(Clone, Debug, Default)]
 pub struct ListenerState {
     forge: String,
-    jobs: BTreeMap<i64, Tracked>,
+    /// By [`JobFacts::key`].
+    jobs: BTreeMap<String, Tracked>,
     acquired: BTreeSet<i64>,
     /// Offered jobs there was no room for, oldest first: asked for when room frees up (whether
     /// the service offers them again is not documented; a job taken elsewhere is simply not
@@ -103,7 +104,7 @@ pub struct ListenerState {
 }
 
 impl ListenerState {
-    pub fn new(forge: &str, known: BTreeMap<i64, Tracked>) -> ListenerState {
+    pub fn new(forge: &str, known: BTreeMap<String, Tracked>) -> ListenerState {
         ListenerState {
             forge: forge.to_owned(),
             jobs: known,
@@ -112,7 +113,7 @@ impl ListenerState {
         }
     }
 
-    pub fn tracked(&self) -> &BTreeMap<i64, Tracked> {
+    pub fn tracked(&self) -> &BTreeMap<String, Tracked> {
         &self.jobs
     }
 
@@ -121,14 +122,16 @@ impl ListenerState {
         self.acquired.len()
     }
 
-    /// The assignment id of the job `request_id` assigned by message `message`.
-    pub fn assignment_id(&self, request_id: i64, message: i64) -> String {
+    /// The assignment id of the job `job` (its [`JobFacts::key`]) assigned by message
+    /// `message`.
+    pub fn assignment_id(&self, job: &str, message: i64) -> String {
         use sha2::Digest;
         let mut hasher = sha2::Sha256::new();
         hasher.update(b"jetrunner github assignment\0");
         hasher.update(self.forge.as_bytes());
         hasher.update(b"\0");
-        hasher.update(request_id.to_be_bytes());
+        hasher.update(job.as_bytes());
+        hasher.update(b"\0");
         hasher.update(message.to_be_bytes());
         let digest = hasher.finalize();
         digest[..16].iter().map(|b| format!("{b:02x}")).collect()
@@ -144,7 +147,13 @@ impl ListenerState {
             match job {
                 JobMessage::Available(facts) => {
                     let id = facts.runner_request_id;
-                    let held = self.jobs.contains_key(&id)
+                    // Acquiring names jobs by their request id; without one there is nothing
+                    // to ask for.
+                    if id == 0 {
+                        tracing::warn!(job = %facts.job_id, "offered job without a runnerRequestId; not acquired");
+                        continue;
+                    }
+                    let held = self.jobs.contains_key(&facts.key())
                         || self.acquired.contains(&id)
                         || acquire.contains(&id);
                     if !held && room > 0 {
@@ -156,13 +165,14 @@ impl ListenerState {
                 }
                 JobMessage::Assigned(facts) => {
                     let id = facts.runner_request_id;
+                    let key = facts.key();
                     self.acquired.remove(&id);
                     self.offered.remove(&id);
                     // A job already held is a re-sent message, not a second assignment.
-                    if !self.jobs.contains_key(&id) {
-                        let assignment = self.assignment_id(id, message.id);
+                    if !self.jobs.contains_key(&key) {
+                        let assignment = self.assignment_id(&key, message.id);
                         self.jobs.insert(
-                            id,
+                            key,
                             Tracked {
                                 assignment: assignment.clone(),
                                 started: false,
@@ -182,12 +192,12 @@ impl ListenerState {
                     if parse_runner_name(runner_name).is_none() {
                         tracing::warn!(%runner_name, request = job.runner_request_id, "a job of this scale set started on a runner jetrunner did not make");
                     }
-                    let assignment = self.jobs.get_mut(&job.runner_request_id).map(|t| {
+                    let assignment = self.jobs.get_mut(&job.key()).map(|t| {
                         t.started = true;
                         t.assignment.clone()
                     });
                     actions.push(Action::Claim {
-                        request_id: job.runner_request_id,
+                        job: job.clone(),
                         assignment,
                         runner_name: runner_name.clone(),
                         runner_id: *runner_id,
@@ -200,11 +210,11 @@ impl ListenerState {
                     ..
                 } => {
                     let id = job.runner_request_id;
-                    let held = self.jobs.remove(&id);
+                    let held = self.jobs.remove(&job.key());
                     self.acquired.remove(&id);
                     self.offered.remove(&id);
                     actions.push(Action::Finish {
-                        request_id: id,
+                        job: job.clone(),
                         assignment: held.map(|t| t.assignment),
                         runner_name: (!runner_name.is_empty()).then(|| runner_name.clone()),
                         outcome: Outcome::from_result(result),
@@ -338,7 +348,7 @@ mod tests {
         let actions =
             state.on_message(&message(3, vec![lapsed, JobMessage::Assigned(facts(7))]), 0);
         assert!(
-            matches!(&actions[0], Action::Finish { request_id: 7, assignment: Some(a), runner_name: None, outcome: Outcome::Cancelled } if *a == assignment),
+            matches!(&actions[0], Action::Finish { job, assignment: Some(a), runner_name: None, outcome: Outcome::Cancelled } if *a == assignment && job.runner_request_id == 7),
             "{actions:?}"
         );
         assert!(
@@ -385,13 +395,13 @@ mod tests {
             actions,
             vec![
                 Action::Claim {
-                    request_id: 9,
+                    job: facts(9),
                     assignment: Some(ids[1].clone()),
                     runner_name: runner.clone(),
                     runner_id: 4
                 },
                 Action::Finish {
-                    request_id: 9,
+                    job: facts(9),
                     assignment: Some(ids[1].clone()),
                     runner_name: Some(runner),
                     outcome: Outcome::Succeeded
@@ -412,13 +422,56 @@ mod tests {
             matches!(
                 &actions[0],
                 Action::Finish {
-                    request_id: 10,
+                    job,
                     assignment: None,
                     outcome: Outcome::Failed,
                     ..
-                }
+                } if job.runner_request_id == 10
             ),
             "{actions:?}"
         );
+    }
+
+    #[test]
+    fn jobs_without_a_request_id_are_told_apart_by_their_job_id() {
+        let mut state = ListenerState::new("gh", BTreeMap::new());
+        let job = |id: &str| JobFacts {
+            runner_request_id: 0,
+            job_id: id.into(),
+            ..JobFacts::default()
+        };
+        let actions = state.on_message(
+            &message(
+                1,
+                vec![
+                    JobMessage::Assigned(job("a")),
+                    JobMessage::Assigned(job("b")),
+                ],
+            ),
+            0,
+        );
+        let assigned: Vec<&String> = actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Assign { assignment, .. } => Some(assignment),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(assigned.len(), 2, "{actions:?}");
+        assert_ne!(assigned[0], assigned[1]);
+        let done = JobMessage::Completed {
+            job: job("b"),
+            result: "succeeded".into(),
+            runner_id: 1,
+            runner_name: "jr-x-1".into(),
+        };
+        let actions = state.on_message(&message(2, vec![done]), 0);
+        assert!(
+            matches!(&actions[0], Action::Finish { assignment: Some(a), .. } if a == assigned[1]),
+            "{actions:?}"
+        );
+        // Offers without a request id cannot be acquired.
+        let offered = state.on_message(&message(3, vec![JobMessage::Available(job("c"))]), 5);
+        assert_eq!(offered, vec![Action::Delete(3)]);
     }
 }

@@ -1,18 +1,32 @@
 //! The JSON the scale set service speaks. Unknown fields are ignored; fields the client needs
 //! are required, so a changed protocol fails loudly instead of running on defaults.
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
+
+/// A field the service may send as `null` (its Go clients read `null` as the zero value).
+fn null_as_default<'de, D: Deserializer<'de>, T: Default + Deserialize<'de>>(
+    d: D,
+) -> Result<T, D::Error> {
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}
 
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase", default)]
 pub struct Statistics {
+    #[serde(deserialize_with = "null_as_default")]
     pub total_available_jobs: i64,
+    #[serde(deserialize_with = "null_as_default")]
     pub total_acquired_jobs: i64,
     /// Waiting and running jobs of the scale set: the scaling target.
+    #[serde(deserialize_with = "null_as_default")]
     pub total_assigned_jobs: i64,
+    #[serde(deserialize_with = "null_as_default")]
     pub total_running_jobs: i64,
+    #[serde(deserialize_with = "null_as_default")]
     pub total_registered_runners: i64,
+    #[serde(deserialize_with = "null_as_default")]
     pub total_busy_runners: i64,
+    #[serde(deserialize_with = "null_as_default")]
     pub total_idle_runners: i64,
 }
 
@@ -49,7 +63,7 @@ pub(crate) struct List<T> {
     pub value: Vec<T>,
 }
 
-#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct Session {
     pub session_id: String,
@@ -58,6 +72,17 @@ pub struct Session {
     pub message_queue_url: String,
     pub message_queue_access_token: String,
     pub statistics: Option<Statistics>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("session_id", &self.session_id)
+            .field("owner_name", &self.owner_name)
+            .field("message_queue_url", &self.message_queue_url)
+            .field("message_queue_access_token", &"<secret>")
+            .finish()
+    }
 }
 
 /// One message of the queue: a batch of job messages.
@@ -73,8 +98,10 @@ pub struct QueueMessage {
 pub(crate) struct RawQueueMessage {
     pub message_id: i64,
     pub message_type: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub body: String,
+    /// Always sent by the service; a missing one reads as zeros rather than losing the message.
+    #[serde(default, deserialize_with = "null_as_default")]
     pub statistics: Statistics,
 }
 
@@ -82,16 +109,38 @@ pub(crate) struct RawQueueMessage {
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase", default)]
 pub struct JobFacts {
+    /// 0 on github.com since 2025 (the job is then known by `job_id` only).
+    #[serde(deserialize_with = "null_as_default")]
     pub runner_request_id: i64,
+    #[serde(deserialize_with = "null_as_default")]
     pub job_id: String,
+    #[serde(deserialize_with = "null_as_default")]
     pub repository_name: String,
+    #[serde(deserialize_with = "null_as_default")]
     pub owner_name: String,
     /// `{owner}/{repo}/.github/workflows/{file}@{ref}`.
+    #[serde(deserialize_with = "null_as_default")]
     pub job_workflow_ref: String,
+    #[serde(deserialize_with = "null_as_default")]
     pub job_display_name: String,
+    #[serde(deserialize_with = "null_as_default")]
     pub workflow_run_id: i64,
+    #[serde(deserialize_with = "null_as_default")]
     pub event_name: String,
+    #[serde(deserialize_with = "null_as_default")]
     pub request_labels: Vec<String>,
+}
+
+impl JobFacts {
+    /// What identifies the job: its `runnerRequestId`, or its `jobId` where the service sends
+    /// 0 for the former.
+    pub fn key(&self) -> String {
+        if self.runner_request_id != 0 {
+            self.runner_request_id.to_string()
+        } else {
+            format!("job-{}", self.job_id)
+        }
+    }
 }
 
 /// A job message by its `messageType`.
@@ -122,11 +171,11 @@ struct RawJobMessage {
     message_type: String,
     #[serde(flatten)]
     facts: JobFacts,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     runner_id: i64,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     runner_name: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     result: String,
 }
 
@@ -237,6 +286,19 @@ mod tests {
                 message_type: "Bogus".into()
             }
         );
+    }
+
+    #[test]
+    fn nulls_read_as_empty_values() {
+        let assigned = serde_json::json!({
+            "messageType": "JobAssigned", "runnerRequestId": 0, "jobId": "j-1",
+            "requestLabels": null, "jobWorkflowRef": null, "workflowRunId": null,
+        });
+        let JobMessage::Assigned(facts) = JobMessage::parse(assigned).expect("parse") else {
+            panic!("not assigned");
+        };
+        assert!(facts.request_labels.is_empty() && facts.job_workflow_ref.is_empty());
+        assert_eq!(facts.key(), "job-j-1");
     }
 
     #[test]

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::collections::btree_map::Entry;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -59,7 +59,9 @@ impl Ledger {
 struct MemorySink {
     ledger: Mutex<Ledger>,
     capacity: AtomicUsize,
-    fail_next_assign: AtomicBool,
+    /// Fail the assign call with this number (1 = the next one); 0: none.
+    fail_assign: AtomicUsize,
+    assign_calls: AtomicUsize,
 }
 
 impl MemorySink {
@@ -94,7 +96,8 @@ impl Sink for Shared {
         job: &JobFacts,
         jit: &JitConfig,
     ) -> Result<(), SinkError> {
-        if self.fail_next_assign.swap(false, Ordering::SeqCst) {
+        let call = self.assign_calls.fetch_add(1, Ordering::SeqCst) + 1;
+        if self.fail_assign.load(Ordering::SeqCst) == call {
             return Err(SinkError("injected: the ledger is down".into()));
         }
         let mut ledger = self.ledger();
@@ -109,15 +112,23 @@ impl Sink for Shared {
         Ok(())
     }
 
+    async fn published(&self, assignment: &str) -> Result<bool, SinkError> {
+        Ok(self.ledger().assignments.contains_key(assignment))
+    }
+
+    async fn holder(&self, job: &JobFacts) -> Result<Option<String>, SinkError> {
+        Ok(self.ledger().resolve(job.runner_request_id, None))
+    }
+
     async fn claimed(
         &self,
-        request_id: i64,
+        job: &JobFacts,
         assignment: Option<&str>,
         runner_name: &str,
         runner_id: i64,
     ) -> Result<(), SinkError> {
         let mut ledger = self.ledger();
-        let Some(assignment) = ledger.resolve(request_id, assignment) else {
+        let Some(assignment) = ledger.resolve(job.runner_request_id, assignment) else {
             ledger.ignored += 1;
             return Ok(());
         };
@@ -133,12 +144,12 @@ impl Sink for Shared {
 
     async fn finished(
         &self,
-        request_id: i64,
+        job: &JobFacts,
         assignment: Option<&str>,
         outcome: &Outcome,
     ) -> Result<(), SinkError> {
         let mut ledger = self.ledger();
-        let Some(assignment) = ledger.resolve(request_id, assignment) else {
+        let Some(assignment) = ledger.resolve(job.runner_request_id, assignment) else {
             ledger.ignored += 1;
             return Ok(());
         };
@@ -281,12 +292,18 @@ fn listener(run: &Run) -> Listener<Shared> {
 /// GitHub agrees; no runner is left registered.
 fn assert_all_final_once(run: &Run, jobs: &[i64]) {
     let ledger = run.sink.ledger();
+    // Counted before grouping by job, so a second assignment of one job shows.
+    assert_eq!(
+        ledger.assignments.len(),
+        jobs.len(),
+        "assignments, one per job"
+    );
     let by_request: BTreeMap<i64, &String> = ledger
         .assignments
         .iter()
         .map(|(a, (r, _, _))| (*r, a))
         .collect();
-    assert_eq!(by_request.len(), jobs.len(), "assignments per job");
+    assert_eq!(by_request.len(), jobs.len(), "jobs with an assignment");
     for job in jobs {
         let assignment = by_request
             .get(job)
@@ -411,17 +428,19 @@ async fn a_failed_ledger_write_and_a_restart_lose_nothing_and_duplicate_nothing(
     let run = start(false, 100).await;
     let stop = CancellationToken::new();
     let work = tokio::spawn(workloads(run.fake.clone(), run.sink.clone(), stop.clone()));
-    // The first assignment's publish fails: its message is not deleted and comes again.
-    run.sink.fail_next_assign.store(true, Ordering::SeqCst);
+    // Four jobs in one message; the second one's publish fails after the first was
+    // published. The message is not deleted and comes again: the first assignment (and the
+    // runner in it) must stay as published, the second is made again.
+    run.sink.fail_assign.store(2, Ordering::SeqCst);
+    let mut jobs: Vec<i64> = (0..4)
+        .map(|_| run.fake.enqueue(JobSpec::push(&["jetrunner"])))
+        .collect();
     let first_stop = CancellationToken::new();
     let first = listener(&run);
     let handle = {
         let s = first_stop.clone();
         tokio::spawn(async move { first.run(s, true).await })
     };
-    let mut jobs: Vec<i64> = (0..4)
-        .map(|_| run.fake.enqueue(JobSpec::push(&["jetrunner"])))
-        .collect();
     until("the first jobs final", || {
         run.sink.ledger().finals.len() == jobs.len()
     })
@@ -449,6 +468,26 @@ async fn a_failed_ledger_write_and_a_restart_lose_nothing_and_duplicate_nothing(
     handle.await.expect("join").expect("listener");
     work.await.expect("workloads");
     assert_all_final_once(&run, &jobs);
+    // Every runner whose config the ledger holds ran a job; the only runner removed unused
+    // is the one made for the failed publish.
+    let ledger = run.sink.ledger();
+    let published: Vec<&String> = ledger.assignments.values().map(|(_, jit, _)| jit).collect();
+    let removed = run.fake.removed_runners();
+    for runner in &removed {
+        if published.contains(&&runner.encoded_jit_config) {
+            assert!(
+                runner.started,
+                "a published runner config was thrown away: {}",
+                runner.name
+            );
+        }
+    }
+    assert_eq!(
+        removed.iter().filter(|r| !r.started).count(),
+        1,
+        "{removed:?}"
+    );
+    assert_eq!(run.sink.assign_calls.load(Ordering::SeqCst), jobs.len() + 1);
 }
 
 #[tokio::test]
