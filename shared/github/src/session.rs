@@ -169,10 +169,29 @@ impl MessageSession {
             );
             return Ok(None);
         }
-        let raw: RawQueueMessage = serde_json::from_str(text).map_err(|e| GitHubError::Decode {
-            op: OP,
-            detail: e.to_string(),
-        })?;
+        let raw: RawQueueMessage = match serde_json::from_str(text) {
+            Ok(raw) => raw,
+            Err(e) => {
+                // A message that cannot be read would come back forever and hold the queue.
+                // If it names its id it is deleted unread: a job it assigned lapses on the
+                // service's side and is assigned again.
+                let id = serde_json::from_str::<serde_json::Value>(text)
+                    .ok()
+                    .and_then(|v| v.get("messageId").and_then(serde_json::Value::as_i64));
+                let Some(id) = id else {
+                    return Err(GitHubError::Decode {
+                        op: OP,
+                        detail: e.to_string(),
+                    });
+                };
+                tracing::error!(id, error = %e, "undecodable message; deleting it unread");
+                return Ok(Some(QueueMessage {
+                    id,
+                    jobs: Vec::new(),
+                    statistics: self.statistics.clone(),
+                }));
+            }
+        };
         self.statistics = raw.statistics.clone();
         if raw.message_type != "RunnerScaleSetJobMessages" {
             tracing::warn!(message_type = %raw.message_type, id = raw.message_id, "message of an unknown type; deleting it unread");
@@ -185,10 +204,10 @@ impl MessageSession {
         let values: Vec<serde_json::Value> = if raw.body.trim().is_empty() {
             Vec::new()
         } else {
-            serde_json::from_str(&raw.body).map_err(|e| GitHubError::Decode {
-                op: OP,
-                detail: format!("body: {e}"),
-            })?
+            serde_json::from_str(&raw.body).unwrap_or_else(|e| {
+                tracing::error!(id = raw.message_id, error = %e, "undecodable message body; deleting it unread");
+                Vec::new()
+            })
         };
         let mut jobs = Vec::with_capacity(values.len());
         for value in values {

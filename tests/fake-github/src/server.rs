@@ -60,6 +60,8 @@ pub enum Fault {
     },
     /// 200 with an empty body (seen on the real message queue).
     EmptyOk,
+    /// 200 with this body as it is (a message the client cannot read).
+    RawOk(String),
     /// 404 `RunnerAdminException`: the broker evicted the session (for refresh).
     SessionEvicted,
 }
@@ -196,6 +198,12 @@ impl Shared {
                 response
             }
             Fault::EmptyOk => StatusCode::OK.into_response(),
+            Fault::RawOk(body) => (
+                StatusCode::OK,
+                [(header::CONTENT_TYPE, "application/json")],
+                body,
+            )
+                .into_response(),
             Fault::SessionEvicted => exception(
                 StatusCode::NOT_FOUND,
                 "RunnerAdminException",

@@ -298,6 +298,23 @@ async fn an_empty_200_and_an_evicted_session_are_survived() {
     let (fake, _client, mut session) = setup("jr-quirks").await;
     fake.inject(Route::GetMessage, Fault::EmptyOk);
     assert!(session.next_message(10).await.expect("empty 200").is_none());
+    // A message that cannot be read but names its id is handed out empty, to be deleted,
+    // rather than holding the queue.
+    fake.inject(
+        Route::GetMessage,
+        Fault::RawOk(r#"{"messageId": 77, "messageType": 5, "body": [1]}"#.into()),
+    );
+    let garbled = session
+        .next_message(10)
+        .await
+        .expect("garbled 200")
+        .expect("a message");
+    assert_eq!((garbled.id, garbled.jobs.len()), (77, 0));
+    fake.inject(Route::GetMessage, Fault::RawOk("not json".into()));
+    assert!(
+        session.next_message(10).await.is_err(),
+        "a message without an id cannot be deleted"
+    );
     let old = session.id().to_owned();
     fake.expire_queue_tokens();
     fake.inject(Route::RefreshSession, Fault::SessionEvicted);
