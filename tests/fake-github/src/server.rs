@@ -255,6 +255,21 @@ impl Shared {
         }
     }
 
+    /// The checks an admin-token call passes first: an injected fault for `route`, then the
+    /// admin token and the API version. A refusal is recorded and comes back as the answer.
+    fn admitted(
+        &self,
+        route: Route,
+        headers: &HeaderMap,
+        query: &HashMap<String, String>,
+    ) -> Result<(), Response> {
+        if let Some(r) = self.fault(route) {
+            return Err(self.record(route, r));
+        }
+        self.admin_ok(headers, query)
+            .map_err(|r| self.record(route, r))
+    }
+
     /// The queue token of `set`'s active session.
     fn queue_ok(&self, headers: &HeaderMap, set: i64) -> Result<(), Response> {
         let token = bearer(headers, "Bearer").unwrap_or_default();

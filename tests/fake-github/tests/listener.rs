@@ -252,6 +252,21 @@ async fn until(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// Runs `listener` until `stop` (keeping its session at the end when `keep_session`).
+fn spawn(
+    listener: Listener<Shared>,
+    stop: &CancellationToken,
+    keep_session: bool,
+) -> tokio::task::JoinHandle<Result<(), jr_github::ListenError>> {
+    let stop = stop.clone();
+    tokio::spawn(async move { listener.run(stop, keep_session).await })
+}
+
+/// Waits until the ledger holds `jobs` terminals.
+async fn all_final(run: &Run, jobs: usize) {
+    until("every job final", || run.sink.ledger().finals.len() == jobs).await;
+}
+
 struct Run {
     fake: FakeGitHub,
     sink: Arc<MemorySink>,
@@ -337,18 +352,11 @@ async fn every_assigned_job_is_claimed_and_final_once_and_no_runner_is_left() {
     let stop = CancellationToken::new();
     let work = tokio::spawn(workloads(run.fake.clone(), run.sink.clone(), stop.clone()));
     let l = listener(&run);
-    let listening = {
-        let stop = stop.clone();
-        async move { l.run(stop, false).await }
-    };
-    let handle = tokio::spawn(listening);
+    let handle = spawn(l, &stop, false);
     let jobs: Vec<i64> = (0..12)
         .map(|_| run.fake.enqueue(JobSpec::push(&["jetrunner"])))
         .collect();
-    until("every job final", || {
-        run.sink.ledger().finals.len() == jobs.len()
-    })
-    .await;
+    all_final(&run, jobs.len()).await;
     stop.cancel();
     handle.await.expect("join").expect("listener");
     work.await.expect("workloads");
@@ -373,17 +381,11 @@ async fn acquiring_keeps_to_the_room_and_offers_wait_for_it() {
     let stop = CancellationToken::new();
     let work = tokio::spawn(workloads(run.fake.clone(), run.sink.clone(), stop.clone()));
     let l = listener(&run);
-    let handle = {
-        let stop = stop.clone();
-        tokio::spawn(async move { l.run(stop, false).await })
-    };
+    let handle = spawn(l, &stop, false);
     let jobs: Vec<i64> = (0..7)
         .map(|_| run.fake.enqueue(JobSpec::push(&["jetrunner"])))
         .collect();
-    until("every job final", || {
-        run.sink.ledger().finals.len() == jobs.len()
-    })
-    .await;
+    all_final(&run, jobs.len()).await;
     stop.cancel();
     handle.await.expect("join").expect("listener");
     work.await.expect("workloads");
@@ -399,10 +401,7 @@ async fn github_com_assigns_no_more_than_the_capacity_the_listener_announces() {
     let work = tokio::spawn(workloads(run.fake.clone(), run.sink.clone(), stop.clone()));
     let mut l = listener(&run);
     l.max_capacity = 2;
-    let handle = {
-        let stop = stop.clone();
-        tokio::spawn(async move { l.run(stop, false).await })
-    };
+    let handle = spawn(l, &stop, false);
     // The service learns the capacity from the listener's polls.
     until("the first poll", || {
         run.fake.max_capacity(run.scale_set) == Some(2)
@@ -411,10 +410,7 @@ async fn github_com_assigns_no_more_than_the_capacity_the_listener_announces() {
     let jobs: Vec<i64> = (0..7)
         .map(|_| run.fake.enqueue(JobSpec::push(&["jetrunner"])))
         .collect();
-    until("every job final", || {
-        run.sink.ledger().finals.len() == jobs.len()
-    })
-    .await;
+    all_final(&run, jobs.len()).await;
     stop.cancel();
     handle.await.expect("join").expect("listener");
     work.await.expect("workloads");
@@ -437,10 +433,7 @@ async fn a_failed_ledger_write_and_a_restart_lose_nothing_and_duplicate_nothing(
         .collect();
     let first_stop = CancellationToken::new();
     let first = listener(&run);
-    let handle = {
-        let s = first_stop.clone();
-        tokio::spawn(async move { first.run(s, true).await })
-    };
+    let handle = spawn(first, &first_stop, true);
     until("the first jobs final", || {
         run.sink.ledger().finals.len() == jobs.len()
     })
@@ -452,14 +445,8 @@ async fn a_failed_ledger_write_and_a_restart_lose_nothing_and_duplicate_nothing(
     jobs.extend((0..4).map(|_| run.fake.enqueue(JobSpec::push(&["jetrunner"]))));
     // A new listener (a restart or another replica taking the lead) resumes it by id: no 409.
     let second = listener(&run);
-    let handle = {
-        let s = stop.clone();
-        tokio::spawn(async move { second.run(s, false).await })
-    };
-    until("every job final", || {
-        run.sink.ledger().finals.len() == jobs.len()
-    })
-    .await;
+    let handle = spawn(second, &stop, false);
+    all_final(&run, jobs.len()).await;
     assert_eq!(
         run.sink.ledger().cursor.as_ref().map(|c| c.0.clone()),
         Some(session)
@@ -503,10 +490,7 @@ async fn a_trusted_scale_set_refuses_fork_code_and_runs_the_rest() {
         },
         backend_trust: TrustLevel::Trusted,
     });
-    let handle = {
-        let stop = stop.clone();
-        tokio::spawn(async move { l.run(stop, false).await })
-    };
+    let handle = spawn(l, &stop, false);
     let pull = |fork: bool| {
         let mut spec = JobSpec::push(&["jetrunner"]);
         spec.event_name = "pull_request".into();

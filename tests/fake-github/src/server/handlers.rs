@@ -197,11 +197,8 @@ async fn workflow_run(
 }
 
 async fn runner_groups(State(s): St, Query(q): Q, headers: HeaderMap) -> Response {
-    if let Some(r) = s.fault(Route::RunnerGroups) {
-        return s.record(Route::RunnerGroups, r);
-    }
-    if let Err(r) = s.admin_ok(&headers, &q) {
-        return s.record(Route::RunnerGroups, r);
+    if let Err(r) = s.admitted(Route::RunnerGroups, &headers, &q) {
+        return r;
     }
     let name = q.get("groupName").cloned().unwrap_or_default();
     let world = lock(&s.world);
@@ -235,11 +232,8 @@ pub(super) fn scale_set_json(set: &ScaleSet, world: &World) -> Value {
 }
 
 async fn find_scale_set(State(s): St, Query(q): Q, headers: HeaderMap) -> Response {
-    if let Some(r) = s.fault(Route::GetScaleSet) {
-        return s.record(Route::GetScaleSet, r);
-    }
-    if let Err(r) = s.admin_ok(&headers, &q) {
-        return s.record(Route::GetScaleSet, r);
+    if let Err(r) = s.admitted(Route::GetScaleSet, &headers, &q) {
+        return r;
     }
     let group: i64 = q
         .get("runnerGroupId")
@@ -269,11 +263,8 @@ async fn get_scale_set(
     Query(q): Q,
     headers: HeaderMap,
 ) -> Response {
-    if let Some(r) = s.fault(Route::GetScaleSet) {
-        return s.record(Route::GetScaleSet, r);
-    }
-    if let Err(r) = s.admin_ok(&headers, &q) {
-        return s.record(Route::GetScaleSet, r);
+    if let Err(r) = s.admitted(Route::GetScaleSet, &headers, &q) {
+        return r;
     }
     let world = lock(&s.world);
     let response = match world.scale_sets.get(&id) {
@@ -289,11 +280,8 @@ async fn get_scale_set(
 }
 
 async fn create_scale_set(State(s): St, Query(q): Q, headers: HeaderMap, body: Bytes) -> Response {
-    if let Some(r) = s.fault(Route::CreateScaleSet) {
-        return s.record(Route::CreateScaleSet, r);
-    }
-    if let Err(r) = s.admin_ok(&headers, &q) {
-        return s.record(Route::CreateScaleSet, r);
+    if let Err(r) = s.admitted(Route::CreateScaleSet, &headers, &q) {
+        return r;
     }
     let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let name = request
@@ -392,11 +380,8 @@ async fn generate_jit(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    if let Some(r) = s.fault(Route::GenerateJitConfig) {
-        return s.record(Route::GenerateJitConfig, r);
-    }
-    if let Err(r) = s.admin_ok(&headers, &q) {
-        return s.record(Route::GenerateJitConfig, r);
+    if let Err(r) = s.admitted(Route::GenerateJitConfig, &headers, &q) {
+        return r;
     }
     let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let name = request
@@ -492,11 +477,8 @@ async fn delete_runner(
     Query(q): Q,
     headers: HeaderMap,
 ) -> Response {
-    if let Some(r) = s.fault(Route::DeleteRunner) {
-        return s.record(Route::DeleteRunner, r);
-    }
-    if let Err(r) = s.admin_ok(&headers, &q) {
-        return s.record(Route::DeleteRunner, r);
+    if let Err(r) = s.admitted(Route::DeleteRunner, &headers, &q) {
+        return r;
     }
     let mut world = lock(&s.world);
     let response = match world.runners.get(&rid).map(|r| r.job.is_some()) {

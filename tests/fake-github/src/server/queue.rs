@@ -37,11 +37,8 @@ pub(super) fn create_session_now(
     headers: &HeaderMap,
     body: &Bytes,
 ) -> Response {
-    if let Some(r) = s.fault(Route::CreateSession) {
-        return s.record(Route::CreateSession, r);
-    }
-    if let Err(r) = s.admin_ok(headers, q) {
-        return s.record(Route::CreateSession, r);
+    if let Err(r) = s.admitted(Route::CreateSession, headers, q) {
+        return r;
     }
     let request: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
     let owner = request
@@ -177,11 +174,8 @@ pub(super) async fn delete_session(
     Query(q): Q,
     headers: HeaderMap,
 ) -> Response {
-    if let Some(r) = s.fault(Route::DeleteSession) {
-        return s.record(Route::DeleteSession, r);
-    }
-    if let Err(r) = s.admin_ok(&headers, &q) {
-        return s.record(Route::DeleteSession, r);
+    if let Err(r) = s.admitted(Route::DeleteSession, &headers, &q) {
+        return r;
     }
     let mut world = lock(&s.world);
     let response = match session_matches(&world, id, &sid) {
