@@ -101,7 +101,10 @@ async fn warm_executors_take_jobs_while_every_service_is_killed_and_return_to_mi
     println!("all jobs final after {:?}", started.elapsed());
     // A pod-worker killed between a warm executor's Secret and its Pod leaves a Secret that
     // its listing deletes two minutes later.
-    system.wait_no_workloads(Duration::from_secs(180)).await?;
+    if let Err(e) = system.wait_no_workloads(Duration::from_secs(180)).await {
+        let kept = keep_logs(&system, "warm")?;
+        anyhow::bail!("{e}\nlogs in {}", kept.display());
+    }
     println!(
         "back to {WARM} idle warm executors each after {:?}",
         started.elapsed()
