@@ -4,15 +4,18 @@
 //! - An assigned job becomes an assignment on `jr.assignment.<backend>.<id>` (deduplicated by
 //!   message id). Its sealed task is the attempt's JIT runner config, sealed for that
 //!   assignment and backend like a Gitea task, so nothing on the bus can start a runner.
-//! - `JobStarted` is the once-only `claimed` (executor = the runner's name), `JobCompleted` the
-//!   once-only `terminal` (source `executor`).
+//! - A GitHub assignment stands for the runner made when its job was assigned: any idle runner
+//!   of the scale set may take any of its jobs. `JobStarted` is the once-only `claimed` of the
+//!   assignment whose runner took a job (executor = the runner's name, with that job's request
+//!   id), `JobCompleted` the once-only `terminal` of that runner's assignment (source
+//!   `executor`). Its workload, the one that ran the job, is then deleted as for a Gitea job.
+//! - A runner withdrawn unused (its job ended before it ran) gets a `terminal` with source
+//!   `withdrawn`.
 //! - Which assignment holds a job, and the session cursor, are kept in the scheduler's KV
 //!   bucket `JR_SCHEDULER` (`github.<forge>.job.<runnerRequestId>`,
 //!   `github.<forge>.cursor`), so a restarted scheduler or a new leader goes on where the last
 //!   one stopped.
 //!
-//! Not wired into the scheduler's service yet (docs/github.md, "What remains"): the workers and
-//! executors cannot run GitHub runners so far.
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -89,15 +92,8 @@ impl JetStreamSink {
         format!("github.{}.cursor", self.forge)
     }
 
-    /// The assignment holding `job`: as the listener names it, else from the KV.
-    async fn resolve(
-        &self,
-        job: &JobFacts,
-        named: Option<&str>,
-    ) -> Result<Option<AssignmentId>, SinkError> {
-        if let Some(named) = named {
-            return assignment_id(named).map(Some);
-        }
+    /// The assignment made for `job`, from the job index.
+    async fn resolve(&self, job: &JobFacts) -> Result<Option<AssignmentId>, SinkError> {
         match self.kv.get(self.job_key(job)).await {
             Ok(Some(value)) => {
                 let text = String::from_utf8_lossy(&value);
@@ -108,16 +104,63 @@ impl JetStreamSink {
         }
     }
 
-    /// Whether `id`'s assignment was published (the listener may name one the guard refused).
-    async fn is_published(&self, id: AssignmentId) -> Result<bool, SinkError> {
+    /// The attempt `id`'s assignment is at, if it was published (the listener may name one
+    /// the guard refused).
+    async fn attempt(&self, id: AssignmentId) -> Result<Option<u32>, SinkError> {
         self.bus
             .last_on_subject(
                 jr_protocol::STREAM_ASSIGNMENTS,
                 &subject::assignment(&self.backend, id),
             )
             .await
-            .map(|found| found.is_some())
+            .map(|found| found.map(|(_, envelope)| envelope.attempt))
             .map_err(|e| sink_error("assignment lookup", e))
+    }
+
+    async fn is_published(&self, id: AssignmentId) -> Result<bool, SinkError> {
+        Ok(self.attempt(id).await?.is_some())
+    }
+
+    async fn has_event(&self, id: AssignmentId, kind: Kind) -> Result<bool, SinkError> {
+        self.bus
+            .last_on_subject(
+                jr_protocol::STREAM_EVENTS,
+                &subject::event(&self.backend, id, kind),
+            )
+            .await
+            .map(|found| found.is_some())
+            .map_err(|e| sink_error("event lookup", e))
+    }
+
+    /// Publishes the once-only terminal of runner assignment `assignment` (at its current
+    /// attempt) about `job`; nothing for an assignment that was never published.
+    async fn terminal(
+        &self,
+        assignment: &str,
+        job: &JobFacts,
+        outcome: &Outcome,
+        source: TerminalSource,
+        reason: Option<String>,
+    ) -> Result<(), SinkError> {
+        let id = assignment_id(assignment)?;
+        let Some(attempt) = self.attempt(id).await? else {
+            tracing::info!(%assignment, job = %job.key(), "a runner this forge did not publish ended; ignored");
+            return Ok(());
+        };
+        let envelope = Envelope::new(
+            format!("terminal:{id}:github"),
+            now_ms(),
+            id,
+            attempt,
+            Message::Terminal(Terminal {
+                forge_task_id: job.runner_request_id,
+                result: task_result(outcome),
+                source,
+                log_closed: true,
+                reason,
+            }),
+        );
+        self.once(id, Kind::Terminal, envelope).await
     }
 
     async fn once(
@@ -151,21 +194,13 @@ impl Sink for JetStreamSink {
     }
 
     async fn holder(&self, job: &JobFacts) -> Result<Option<String>, SinkError> {
-        let Some(id) = self.resolve(job, None).await? else {
+        let Some(id) = self.resolve(job).await? else {
             return Ok(None);
         };
-        if !self.is_published(id).await? {
+        if !self.is_published(id).await? || self.has_event(id, Kind::Terminal).await? {
             return Ok(None);
         }
-        let terminal = self
-            .bus
-            .last_on_subject(
-                jr_protocol::STREAM_EVENTS,
-                &subject::event(&self.backend, id, Kind::Terminal),
-            )
-            .await
-            .map_err(|e| sink_error("terminal lookup", e))?;
-        Ok(terminal.is_none().then(|| id.0.simple().to_string()))
+        Ok(Some(id.0.simple().to_string()))
     }
 
     async fn assign(
@@ -227,25 +262,22 @@ impl Sink for JetStreamSink {
     async fn claimed(
         &self,
         job: &JobFacts,
-        assignment: Option<&str>,
+        assignment: &str,
         runner_name: &str,
         _runner_id: i64,
     ) -> Result<(), SinkError> {
-        let request_id = job.runner_request_id;
-        let Some(id) = self.resolve(job, assignment).await? else {
-            tracing::info!(job = %job.key(), %runner_name, "a job this forge does not hold started; ignored");
+        let id = assignment_id(assignment)?;
+        let Some(attempt) = self.attempt(id).await? else {
+            tracing::info!(%runner_name, job = %job.key(), "a runner this forge did not publish took a job; ignored");
             return Ok(());
         };
-        if !self.is_published(id).await? {
-            return Ok(());
-        }
         let envelope = Envelope::new(
-            format!("claimed:{id}:1:github"),
+            format!("claimed:{id}:{attempt}:github"),
             now_ms(),
             id,
-            1,
+            attempt,
             Message::Claimed(Claimed {
-                forge_task_id: request_id,
+                forge_task_id: job.runner_request_id,
                 executor: runner_name.to_owned(),
             }),
         );
@@ -255,35 +287,52 @@ impl Sink for JetStreamSink {
     async fn finished(
         &self,
         job: &JobFacts,
-        assignment: Option<&str>,
+        assignment: &str,
         outcome: &Outcome,
     ) -> Result<(), SinkError> {
-        let request_id = job.runner_request_id;
-        let Some(id) = self.resolve(job, assignment).await? else {
-            tracing::info!(job = %job.key(), "a job this forge does not hold ended; ignored");
-            return Ok(());
-        };
-        if !self.is_published(id).await? {
-            return Ok(());
-        }
         let reason = match outcome {
             Outcome::Other(result) => Some(format!("GitHub result {result:?}")),
             _ => None,
         };
-        let envelope = Envelope::new(
-            format!("terminal:{id}:github"),
-            now_ms(),
-            id,
-            1,
-            Message::Terminal(Terminal {
-                forge_task_id: request_id,
-                result: task_result(outcome),
-                source: TerminalSource::Executor,
-                log_closed: true,
-                reason,
-            }),
+        self.terminal(assignment, job, outcome, TerminalSource::Executor, reason)
+            .await
+    }
+
+    async fn made_for(&self, job: &JobFacts) -> Result<Option<String>, SinkError> {
+        let Some(id) = self.resolve(job).await? else {
+            return Ok(None);
+        };
+        Ok(self
+            .is_published(id)
+            .await?
+            .then(|| id.0.simple().to_string()))
+    }
+
+    async fn idle_runner(&self, assignment: &str) -> Result<bool, SinkError> {
+        let id = assignment_id(assignment)?;
+        Ok(self.is_published(id).await?
+            && !self.has_event(id, Kind::Claimed).await?
+            && !self.has_event(id, Kind::Terminal).await?)
+    }
+
+    async fn withdrawn(
+        &self,
+        assignment: &str,
+        job: &JobFacts,
+        outcome: &Outcome,
+    ) -> Result<(), SinkError> {
+        let reason = format!(
+            "runner withdrawn unused: job {} ended without running on it",
+            job.key()
         );
-        self.once(id, Kind::Terminal, envelope).await
+        self.terminal(
+            assignment,
+            job,
+            outcome,
+            TerminalSource::Withdrawn,
+            Some(reason),
+        )
+        .await
     }
 
     async fn refused(

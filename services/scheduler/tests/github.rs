@@ -270,6 +270,7 @@ async fn github_jobs_become_sealed_assignments_claimed_and_final_once() {
         .map(|r| r.encoded_jit_config.clone())
         .collect();
     assert_eq!(secrets.len(), jobs.len(), "runners that ran");
+    let mut finished = Vec::new();
     for id in &ids {
         for (stream, subject) in [
             (STREAM_ASSIGNMENTS, subject::assignment(&pod(), *id)),
@@ -300,5 +301,22 @@ async fn github_jobs_become_sealed_assignments_claimed_and_final_once() {
             TaskResult::Success
         };
         assert_eq!(terminal.result, expected, "job {}", terminal.forge_task_id);
+        // The claim and the terminal of a runner's assignment name the job that runner took.
+        let (_, claimed) = world
+            .bus
+            .last_on_subject(STREAM_EVENTS, &subject::event(&pod(), *id, Kind::Claimed))
+            .await
+            .expect("read")
+            .expect("claimed");
+        let Message::Claimed(claimed) = claimed.message else {
+            panic!("not a claim");
+        };
+        assert_eq!(claimed.forge_task_id, terminal.forge_task_id, "{id}");
+        finished.push(terminal.forge_task_id);
     }
+    // Every job final once, whichever runner took it.
+    finished.sort_unstable();
+    let mut expected = jobs.clone();
+    expected.sort_unstable();
+    assert_eq!(finished, expected, "jobs final once each");
 }

@@ -48,21 +48,40 @@ pub trait Sink: Send + Sync {
         job: &JobFacts,
         jit: &JitConfig,
     ) -> impl Future<Output = Result<(), SinkError>> + Send;
-    /// `job` started on runner `runner_name`: the once-only claim of its assignment
-    /// (`assignment` when the listener knows it, else the ledger finds it by the job),
-    /// binding the job to the runner's workload.
+    /// Runner `runner_name`, the runner made for `assignment`, took `job`: the once-only claim
+    /// of the runner's assignment (its current attempt). Its workload now runs `job`.
     fn claimed(
         &self,
         job: &JobFacts,
-        assignment: Option<&str>,
+        assignment: &str,
         runner_name: &str,
         runner_id: i64,
     ) -> impl Future<Output = Result<(), SinkError>> + Send;
-    /// `job` is over: the once-only terminal of its assignment.
+    /// `job` is over on the runner made for `assignment`: the once-only terminal of the
+    /// runner's assignment.
     fn finished(
         &self,
         job: &JobFacts,
-        assignment: Option<&str>,
+        assignment: &str,
+        outcome: &Outcome,
+    ) -> impl Future<Output = Result<(), SinkError>> + Send;
+    /// The published assignment whose runner was made for `job`, if any (the listener
+    /// forgot it after a restart).
+    fn made_for(
+        &self,
+        job: &JobFacts,
+    ) -> impl Future<Output = Result<Option<String>, SinkError>> + Send;
+    /// Whether `assignment` is published and neither claimed nor final: its runner has not
+    /// taken a job.
+    fn idle_runner(&self, assignment: &str)
+    -> impl Future<Output = Result<bool, SinkError>> + Send;
+    /// The idle runner of `assignment` was removed from the service because `job` ended (or
+    /// started) without it: the once-only terminal of the runner's assignment, so its
+    /// workload is deleted.
+    fn withdrawn(
+        &self,
+        assignment: &str,
+        job: &JobFacts,
         outcome: &Outcome,
     ) -> impl Future<Output = Result<(), SinkError>> + Send;
     /// `job` gets no runner: the guard refused it (its run was cancelled) or GitHub refused to
@@ -185,6 +204,15 @@ impl<S: Sink> Listener<S> {
         }
     }
 
+    /// The most runners the listener can run now, announced to the service: the jobs it holds
+    /// and the room the backends have, at most `max_capacity`.
+    fn capacity(&self, state: &ListenerState) -> u32 {
+        let open = state.tracked().len().saturating_add(self.sink.room());
+        u32::try_from(open)
+            .unwrap_or(u32::MAX)
+            .min(self.max_capacity)
+    }
+
     /// Saves the cursor; a failure is logged and the next message saves it again.
     async fn save(&self, session: &MessageSession) {
         if let Err(error) = self
@@ -234,7 +262,7 @@ impl<S: Sink> Listener<S> {
         loop {
             let polled = tokio::select! {
                 () = stop.cancelled() => break,
-                polled = session.next_message(self.max_capacity) => polled,
+                polled = session.next_message(self.capacity(&state)) => polled,
             };
             // A session opened again after an eviction is saved at once.
             if session.id() != saved_session {
@@ -317,15 +345,16 @@ impl<S: Sink> Listener<S> {
 
     /// Publishes `assignment` for `job` with a new runner, unless it is published already (a
     /// message handled again) or another open assignment holds the job (a re-sent message).
-    async fn assign(&self, assignment: &str, job: &JobFacts) -> Result<(), ListenError> {
+    /// `true` when `assignment`'s runner is published.
+    async fn assign(&self, assignment: &str, job: &JobFacts) -> Result<bool, ListenError> {
         if self.sink.published(assignment).await? {
-            return Ok(());
+            return Ok(true);
         }
         if let Some(other) = self.sink.holder(job).await?
             && other != assignment
         {
             tracing::info!(job = %job.key(), holder = %other, "job already held by an open assignment; re-sent assignment ignored");
-            return Ok(());
+            return Ok(false);
         }
         if let Some(reason) = self.refusal(job).await? {
             tracing::warn!(job = %job.key(), run = job.workflow_run_id, %reason, "job refused by the trust guard; cancelling its run");
@@ -341,7 +370,7 @@ impl<S: Sink> Listener<S> {
                 }
             }
             self.sink.refused(assignment, job, &reason).await?;
-            return Ok(());
+            return Ok(false);
         }
         let jit = match self.jit(assignment).await {
             Ok(jit) => jit,
@@ -349,12 +378,64 @@ impl<S: Sink> Listener<S> {
                 let reason = format!("GitHub refused to make its runner: {error}");
                 tracing::error!(job = %job.key(), %reason, "job gets no runner");
                 self.sink.refused(assignment, job, &reason).await?;
-                return Ok(());
+                return Ok(false);
             }
             Err(error) => return Err(error.into()),
         };
         self.sink.assign(assignment, job, &jit).await?;
+        Ok(true)
+    }
+
+    /// Withdraws one idle runner because `job` ended or started without one of ours, if a
+    /// runner was made for it (a job the guard refused had none). The job's own runner is
+    /// tried first, then the others not known to be busy. A runner is removed from the service
+    /// before its assignment ends, so it cannot take a job while its workload is deleted; one
+    /// that is busy (`JobStillRunningException`) just took a job, and the next is tried.
+    async fn withdraw(
+        &self,
+        state: &mut ListenerState,
+        job: &JobFacts,
+        own: Option<String>,
+        others: Vec<String>,
+        outcome: &Outcome,
+    ) -> Result<(), ListenError> {
+        let own = match own {
+            Some(own) => Some(own),
+            None => self.sink.made_for(job).await?,
+        };
+        let Some(own) = own else {
+            return Ok(());
+        };
+        if !self.sink.published(&own).await? {
+            return Ok(());
+        }
+        for candidate in std::iter::once(own).chain(others) {
+            if !self.sink.idle_runner(&candidate).await? {
+                state.runner_withdrawn(&candidate);
+                continue;
+            }
+            if self.remove_idle_runner(&candidate).await? {
+                self.sink.withdrawn(&candidate, job, outcome).await?;
+                state.runner_withdrawn(&candidate);
+                return Ok(());
+            }
+            state.runner_withdrawn(&candidate);
+        }
+        tracing::warn!(job = %job.key(), "no idle runner to withdraw for a job that ran without one; the reconciler's claim timeout ends a runner left idle");
         Ok(())
+    }
+
+    /// Removes the runner made for `assignment` if it has no job: `false` when it has one.
+    async fn remove_idle_runner(&self, assignment: &str) -> Result<bool, GitHubError> {
+        let name = runner_name(assignment, 1);
+        let Some(runner) = self.client.runner_by_name(&name).await? else {
+            return Ok(true);
+        };
+        match self.client.remove_runner(runner.id).await {
+            Ok(_) => Ok(true),
+            Err(error) if error.is_exception("JobStillRunningException") => Ok(false),
+            Err(error) => Err(error),
+        }
     }
 
     /// Asks for offered jobs there is room for now; a failure leaves them offered.
@@ -387,14 +468,14 @@ impl<S: Sink> Listener<S> {
                         state.acquire_answered(&ids, &[]);
                     }
                 },
-                Action::Assign { assignment, job } => {
-                    if let Err(error) = self.assign(&assignment, &job).await {
-                        if error.transient() {
-                            return Err(error);
-                        }
+                Action::Assign { assignment, job } => match self.assign(&assignment, &job).await {
+                    Ok(true) => state.runner_published(&assignment),
+                    Ok(false) => {}
+                    Err(error) if error.transient() => return Err(error),
+                    Err(error) => {
                         tracing::error!(%error, job = %job.key(), "the job's assignment failed for good; going on with the others");
                     }
-                }
+                },
                 Action::Claim {
                     job,
                     assignment,
@@ -402,19 +483,22 @@ impl<S: Sink> Listener<S> {
                     runner_id,
                 } => {
                     self.sink
-                        .claimed(&job, assignment.as_deref(), &runner_name, runner_id)
+                        .claimed(&job, &assignment, &runner_name, runner_id)
                         .await?;
                 }
                 Action::Finish {
                     job,
                     assignment,
                     outcome,
-                    ..
                 } => {
-                    self.sink
-                        .finished(&job, assignment.as_deref(), &outcome)
-                        .await?;
+                    self.sink.finished(&job, &assignment, &outcome).await?;
                 }
+                Action::Withdraw {
+                    job,
+                    own,
+                    others,
+                    outcome,
+                } => self.withdraw(state, &job, own, others, &outcome).await?,
                 Action::Delete(id) => {
                     session.delete_message(id).await?;
                     // The commit point: the message is gone and its actions are done.

@@ -13,9 +13,13 @@
 //!
 //! Runners are not bound to jobs: the service hands any job assigned to the scale set to any
 //! idle runner of it. The JIT runner made for one assignment (named `jr-<assignment>-<attempt>`)
-//! may run another assignment's job. So `JobStarted` claims the assignment of the job it names
-//! and says which runner (and so which workload) runs it, like a warm executor binding itself
-//! to a job; `JobCompleted` ends the job's assignment.
+//! may run another assignment's job. So in jetrunner's ledger a GitHub assignment stands for
+//! the *runner* made when a job was assigned: `JobStarted` claims the assignment of the runner
+//! it names (with the job that runner took), and `JobCompleted` ends that runner's assignment.
+//! The workload that is deleted after the terminal is then the one that ran the job, as for a
+//! Gitea job. The number of runners stays the number of jobs assigned and not yet started:
+//! when a job ends without running on a runner of ours (cancelled while queued, or taken by a
+//! runner jetrunner did not make) one idle runner is too many, and it is withdrawn.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -63,19 +67,28 @@ pub enum Action {
     /// Publish the assignment (once-only by its id) for a job assigned to the scale set, with
     /// a JIT runner for attempt 1.
     Assign { assignment: String, job: JobFacts },
-    /// Runner `runner_name` took `job`: the once-only claim of the job's assignment (`None`
-    /// when this listener does not remember it; the ledger finds it by the job).
+    /// Runner `runner_name` (the runner made for `assignment`) took `job`: the once-only claim
+    /// of the runner's assignment.
     Claim {
         job: JobFacts,
-        assignment: Option<String>,
+        assignment: String,
         runner_name: String,
         runner_id: i64,
     },
-    /// `job` is over: the once-only terminal of its assignment.
+    /// `job` is over on the runner made for `assignment`: the once-only terminal of the
+    /// runner's assignment.
     Finish {
         job: JobFacts,
-        assignment: Option<String>,
-        runner_name: Option<String>,
+        assignment: String,
+        outcome: Outcome,
+    },
+    /// `job` ended, or started, without a runner of ours, while a runner was made for it: one
+    /// idle runner is too many. Withdraw one, the job's own (`own`, when known) first, then the
+    /// others not known to be busy (`others`).
+    Withdraw {
+        job: JobFacts,
+        own: Option<String>,
+        others: Vec<String>,
         outcome: Outcome,
     },
     /// Delete the message: everything above is done.
@@ -101,6 +114,9 @@ pub struct ListenerState {
     /// the service offers them again is not documented; a job taken elsewhere is simply not
     /// granted).
     offered: BTreeSet<i64>,
+    /// Assignments whose runner is not known to have taken a job: the candidates for a
+    /// withdrawal (this process's memory; the ledger checks each one).
+    idle: BTreeSet<String>,
 }
 
 impl ListenerState {
@@ -110,7 +126,18 @@ impl ListenerState {
             jobs: known,
             acquired: BTreeSet::new(),
             offered: BTreeSet::new(),
+            idle: BTreeSet::new(),
         }
+    }
+
+    /// The runner of `assignment` was published: it may take a job.
+    pub fn runner_published(&mut self, assignment: &str) {
+        self.idle.insert(assignment.to_owned());
+    }
+
+    /// The runner of `assignment` is gone or busy: it takes no job any more.
+    pub fn runner_withdrawn(&mut self, assignment: &str) {
+        self.idle.remove(assignment);
     }
 
     pub fn tracked(&self) -> &BTreeMap<String, Tracked> {
@@ -120,6 +147,21 @@ impl ListenerState {
     /// Jobs acquired and not yet assigned: they will take slots soon.
     pub fn acquired(&self) -> usize {
         self.acquired.len()
+    }
+
+    fn withdraw(&self, job: &JobFacts, own: Option<String>, outcome: Outcome) -> Action {
+        let others = self
+            .idle
+            .iter()
+            .filter(|a| Some(*a) != own.as_ref())
+            .cloned()
+            .collect();
+        Action::Withdraw {
+            job: job.clone(),
+            own,
+            others,
+            outcome,
+        }
     }
 
     /// The assignment id of the job `job` (its [`JobFacts::key`]) assigned by message
@@ -189,19 +231,25 @@ impl ListenerState {
                     runner_id,
                     runner_name,
                 } => {
-                    if parse_runner_name(runner_name).is_none() {
-                        tracing::warn!(%runner_name, request = job.runner_request_id, "a job of this scale set started on a runner jetrunner did not make");
-                    }
-                    let assignment = self.jobs.get_mut(&job.key()).map(|t| {
+                    let own = self.jobs.get_mut(&job.key()).map(|t| {
                         t.started = true;
                         t.assignment.clone()
                     });
-                    actions.push(Action::Claim {
-                        job: job.clone(),
-                        assignment,
-                        runner_name: runner_name.clone(),
-                        runner_id: *runner_id,
-                    });
+                    match parse_runner_name(runner_name) {
+                        Some((assignment, _)) => {
+                            self.idle.remove(&assignment);
+                            actions.push(Action::Claim {
+                                job: job.clone(),
+                                assignment,
+                                runner_name: runner_name.clone(),
+                                runner_id: *runner_id,
+                            });
+                        }
+                        None => {
+                            tracing::warn!(%runner_name, request = job.runner_request_id, "a job of this scale set started on a runner jetrunner did not make");
+                            actions.push(self.withdraw(job, own, Outcome::Cancelled));
+                        }
+                    }
                 }
                 JobMessage::Completed {
                     job,
@@ -213,12 +261,24 @@ impl ListenerState {
                     let held = self.jobs.remove(&job.key());
                     self.acquired.remove(&id);
                     self.offered.remove(&id);
-                    actions.push(Action::Finish {
-                        job: job.clone(),
-                        assignment: held.map(|t| t.assignment),
-                        runner_name: (!runner_name.is_empty()).then(|| runner_name.clone()),
-                        outcome: Outcome::from_result(result),
-                    });
+                    let outcome = Outcome::from_result(result);
+                    match parse_runner_name(runner_name) {
+                        Some((assignment, _)) => {
+                            self.idle.remove(&assignment);
+                            actions.push(Action::Finish {
+                                job: job.clone(),
+                                assignment,
+                                outcome,
+                            });
+                        }
+                        // It ran on a runner jetrunner did not make: withdrawn when it started.
+                        None if !runner_name.is_empty() => {}
+                        // It never ran (cancelled while queued, or its assignment lapsed).
+                        None => {
+                            let own = held.map(|t| t.assignment);
+                            actions.push(self.withdraw(job, own, outcome));
+                        }
+                    }
                 }
                 JobMessage::Other { message_type } => {
                     tracing::debug!(%message_type, "job message of an unknown type ignored");
@@ -347,8 +407,9 @@ mod tests {
         };
         let actions =
             state.on_message(&message(3, vec![lapsed, JobMessage::Assigned(facts(7))]), 0);
+        // It never ran: the runner made for it is one too many.
         assert!(
-            matches!(&actions[0], Action::Finish { job, assignment: Some(a), runner_name: None, outcome: Outcome::Cancelled } if *a == assignment && job.runner_request_id == 7),
+            matches!(&actions[0], Action::Withdraw { job, own: Some(a), outcome: Outcome::Cancelled, .. } if *a == assignment && job.runner_request_id == 7),
             "{actions:?}"
         );
         assert!(
@@ -358,7 +419,7 @@ mod tests {
     }
 
     #[test]
-    fn start_and_completion_are_about_the_job_whichever_runner_took_it() {
+    fn start_and_completion_are_about_the_runner_whichever_job_it_took() {
         let mut state = ListenerState::new("gh", BTreeMap::new());
         let actions = state.on_message(
             &message(
@@ -377,7 +438,11 @@ mod tests {
                 _ => None,
             })
             .collect();
-        // Job 9 runs on the runner made for job 8's assignment: the claim is job 9's.
+        for id in &ids {
+            state.runner_published(id);
+        }
+        // Job 9 runs on the runner made for job 8's assignment: the claim and the terminal
+        // are that runner's assignment's, with job 9 in them.
         let runner = runner_name(&ids[0], 1);
         let started = JobMessage::Started {
             job: facts(9),
@@ -396,37 +461,57 @@ mod tests {
             vec![
                 Action::Claim {
                     job: facts(9),
-                    assignment: Some(ids[1].clone()),
+                    assignment: ids[0].clone(),
                     runner_name: runner.clone(),
                     runner_id: 4
                 },
                 Action::Finish {
                     job: facts(9),
-                    assignment: Some(ids[1].clone()),
-                    runner_name: Some(runner),
+                    assignment: ids[0].clone(),
                     outcome: Outcome::Succeeded
                 },
                 Action::Delete(2),
             ]
         );
-        // A listener that does not remember the job leaves the lookup to the ledger.
-        let mut fresh = ListenerState::new("gh", BTreeMap::new());
-        let foreign = JobMessage::Completed {
-            job: facts(10),
-            result: "failed".into(),
-            runner_id: 1,
-            runner_name: "arc-1".into(),
+        // Job 8 is cancelled before it runs: job 9's runner is idle and too many. It is
+        // the job's own runner that is busy, so the others are offered.
+        let cancelled = JobMessage::Completed {
+            job: facts(8),
+            result: "canceled".into(),
+            runner_id: 0,
+            runner_name: String::new(),
         };
-        let actions = fresh.on_message(&message(6, vec![foreign]), 0);
+        let actions = state.on_message(&message(3, vec![cancelled]), 0);
+        assert_eq!(
+            actions[0],
+            Action::Withdraw {
+                job: facts(8),
+                own: Some(ids[0].clone()),
+                others: vec![ids[1].clone()],
+                outcome: Outcome::Cancelled
+            }
+        );
+        // A job started on a runner jetrunner did not make: one of ours is too many; its
+        // completion there is nothing of ours.
+        let mut fresh = ListenerState::new("gh", BTreeMap::new());
+        let foreign = |kind| match kind {
+            0 => JobMessage::Started {
+                job: facts(10),
+                runner_id: 1,
+                runner_name: "arc-1".into(),
+            },
+            _ => JobMessage::Completed {
+                job: facts(10),
+                result: "failed".into(),
+                runner_id: 1,
+                runner_name: "arc-1".into(),
+            },
+        };
+        let actions = fresh.on_message(&message(6, vec![foreign(0), foreign(1)]), 0);
         assert!(
             matches!(
-                &actions[0],
-                Action::Finish {
-                    job,
-                    assignment: None,
-                    outcome: Outcome::Failed,
-                    ..
-                } if job.runner_request_id == 10
+                &actions[..],
+                [Action::Withdraw { job, own: None, .. }, Action::Delete(6)] if job.runner_request_id == 10
             ),
             "{actions:?}"
         );
@@ -461,13 +546,13 @@ mod tests {
         assert_ne!(assigned[0], assigned[1]);
         let done = JobMessage::Completed {
             job: job("b"),
-            result: "succeeded".into(),
-            runner_id: 1,
-            runner_name: "jr-x-1".into(),
+            result: "canceled".into(),
+            runner_id: 0,
+            runner_name: String::new(),
         };
         let actions = state.on_message(&message(2, vec![done]), 0);
         assert!(
-            matches!(&actions[0], Action::Finish { assignment: Some(a), .. } if a == assigned[1]),
+            matches!(&actions[0], Action::Withdraw { own: Some(a), .. } if a == assigned[1]),
             "{actions:?}"
         );
         // Offers without a request id cannot be acquired.

@@ -447,6 +447,13 @@ impl FakeGitHub {
         self.world().removed_runners.clone()
     }
 
+    /// Job messages of `scale_set` not yet deleted by its listener (formed or not).
+    pub fn undelivered(&self, scale_set: i64) -> usize {
+        self.world().scale_sets.get(&scale_set).map_or(0, |s| {
+            s.queue.iter().map(|m| m.body.len()).sum::<usize>() + s.pending.len()
+        })
+    }
+
     /// The scale set's active session id, if any.
     pub fn session(&self, scale_set: i64) -> Option<String> {
         self.world()

@@ -23,9 +23,11 @@ const PAT: &str = "ghp_listener";
 struct Ledger {
     /// Assignment → (request id, JIT config, publishes seen).
     assignments: BTreeMap<String, (i64, String, u32)>,
-    /// Assignment → the runner that took its job.
-    claims: BTreeMap<String, (String, i64)>,
-    finals: BTreeMap<String, Outcome>,
+    /// Assignment → the runner made for it that took a job, and that job's request id.
+    claims: BTreeMap<String, (String, i64, i64)>,
+    /// Assignment → how the job its runner took ended (and that job's request id), or
+    /// `withdrawn` when its runner was removed unused.
+    finals: BTreeMap<String, (Outcome, i64, bool)>,
     /// Claims and terminals refused because they existed (redelivery).
     repeats: u32,
     cursor: Option<(String, i64)>,
@@ -38,20 +40,27 @@ struct Ledger {
 }
 
 impl Ledger {
-    /// The assignment of job `request_id` the ledger holds: as the listener names it, else the
-    /// open one.
-    fn resolve(&self, request_id: i64, named: Option<&str>) -> Option<String> {
-        if let Some(named) = named {
-            return self
-                .assignments
-                .contains_key(named)
-                .then(|| named.to_owned());
-        }
+    /// The open assignment made for job `request_id`.
+    fn made_for(&self, request_id: i64) -> Option<String> {
         self.assignments
             .iter()
             .filter(|(a, (r, _, _))| *r == request_id && !self.finals.contains_key(*a))
             .map(|(a, _)| a.clone())
             .next()
+    }
+
+    /// Records a terminal once.
+    fn finish(&mut self, assignment: &str, fin: (Outcome, i64, bool)) {
+        if !self.assignments.contains_key(assignment) {
+            self.ignored += 1;
+            return;
+        }
+        match self.finals.entry(assignment.to_owned()) {
+            Entry::Occupied(_) => self.repeats += 1,
+            Entry::Vacant(v) => {
+                v.insert(fin);
+            }
+        }
     }
 }
 
@@ -117,26 +126,26 @@ impl Sink for Shared {
     }
 
     async fn holder(&self, job: &JobFacts) -> Result<Option<String>, SinkError> {
-        Ok(self.ledger().resolve(job.runner_request_id, None))
+        Ok(self.ledger().made_for(job.runner_request_id))
     }
 
     async fn claimed(
         &self,
         job: &JobFacts,
-        assignment: Option<&str>,
+        assignment: &str,
         runner_name: &str,
-        runner_id: i64,
+        _runner_id: i64,
     ) -> Result<(), SinkError> {
         let mut ledger = self.ledger();
-        let Some(assignment) = ledger.resolve(job.runner_request_id, assignment) else {
+        if !ledger.assignments.contains_key(assignment) {
             ledger.ignored += 1;
             return Ok(());
-        };
+        }
         let ledger = &mut *ledger;
-        match ledger.claims.entry(assignment) {
+        match ledger.claims.entry(assignment.to_owned()) {
             Entry::Occupied(_) => ledger.repeats += 1,
             Entry::Vacant(v) => {
-                v.insert((runner_name.to_owned(), runner_id));
+                v.insert((runner_name.to_owned(), 0, job.runner_request_id));
             }
         }
         Ok(())
@@ -145,21 +154,33 @@ impl Sink for Shared {
     async fn finished(
         &self,
         job: &JobFacts,
-        assignment: Option<&str>,
+        assignment: &str,
         outcome: &Outcome,
     ) -> Result<(), SinkError> {
-        let mut ledger = self.ledger();
-        let Some(assignment) = ledger.resolve(job.runner_request_id, assignment) else {
-            ledger.ignored += 1;
-            return Ok(());
-        };
-        let ledger = &mut *ledger;
-        match ledger.finals.entry(assignment) {
-            Entry::Occupied(_) => ledger.repeats += 1,
-            Entry::Vacant(v) => {
-                v.insert(outcome.clone());
-            }
-        }
+        self.ledger()
+            .finish(assignment, (outcome.clone(), job.runner_request_id, false));
+        Ok(())
+    }
+
+    async fn made_for(&self, job: &JobFacts) -> Result<Option<String>, SinkError> {
+        Ok(self.ledger().made_for(job.runner_request_id))
+    }
+
+    async fn idle_runner(&self, assignment: &str) -> Result<bool, SinkError> {
+        let ledger = self.ledger();
+        Ok(ledger.assignments.contains_key(assignment)
+            && !ledger.claims.contains_key(assignment)
+            && !ledger.finals.contains_key(assignment))
+    }
+
+    async fn withdrawn(
+        &self,
+        assignment: &str,
+        job: &JobFacts,
+        outcome: &Outcome,
+    ) -> Result<(), SinkError> {
+        self.ledger()
+            .finish(assignment, (outcome.clone(), job.runner_request_id, true));
         Ok(())
     }
 
@@ -303,35 +324,37 @@ fn listener(run: &Run) -> Listener<Shared> {
     }
 }
 
-/// Every enqueued job is final once in the ledger, with the result its runner reported, and
-/// GitHub agrees; no runner is left registered.
+/// Every enqueued job is final once in the ledger, on the runner that took it, with the
+/// result that runner reported, and GitHub agrees; no runner is left registered.
 fn assert_all_final_once(run: &Run, jobs: &[i64]) {
     let ledger = run.sink.ledger();
-    // Counted before grouping by job, so a second assignment of one job shows.
+    // Counted before grouping by job, so a second assignment of one job shows; a job
+    // cancelled before it ran leaves its runner's assignment withdrawn.
+    let withdrawn = ledger.finals.values().filter(|f| f.2).count();
     assert_eq!(
         ledger.assignments.len(),
-        jobs.len(),
+        jobs.len() + withdrawn,
         "assignments, one per job"
     );
-    let by_request: BTreeMap<i64, &String> = ledger
-        .assignments
-        .iter()
-        .map(|(a, (r, _, _))| (*r, a))
-        .collect();
-    assert_eq!(by_request.len(), jobs.len(), "jobs with an assignment");
     for job in jobs {
-        let assignment = by_request
-            .get(job)
-            .unwrap_or_else(|| panic!("job {job} has no assignment"));
+        let finals: Vec<_> = ledger
+            .finals
+            .iter()
+            .filter(|(_, (_, r, _))| r == job)
+            .collect();
+        let [(assignment, (outcome, _, withdrawn))] = finals[..] else {
+            panic!("job {job}: terminals {finals:?}");
+        };
         let expected = if job % 3 == 0 {
             Outcome::Failed
         } else {
             Outcome::Succeeded
         };
-        assert_eq!(ledger.finals.get(*assignment), Some(&expected), "job {job}");
-        assert!(
-            ledger.claims.contains_key(*assignment),
-            "job {job} never claimed"
+        assert_eq!((outcome, *withdrawn), (&expected, false), "job {job}");
+        assert_eq!(
+            ledger.claims.get(assignment).map(|c| c.2),
+            Some(*job),
+            "job {job} not claimed on the runner that finished it"
         );
         let state = run.fake.job(*job).map(|j| j.state);
         assert!(
@@ -513,8 +536,12 @@ async fn a_trusted_scale_set_refuses_fork_code_and_runs_the_rest() {
         forks.iter().all(|f| matches!(run.fake.job(*f).map(|j| j.state), Some(JobState::Completed { result }) if result == "canceled"))
     })
     .await;
-    // Their cancellations come back as completions the ledger does not hold.
-    until("the cancellations seen", || run.sink.ledger().ignored >= 2).await;
+    // Their cancellations come back as completions of jobs no runner was made for: nothing
+    // is withdrawn for them.
+    until("every message handled", || {
+        run.fake.undelivered(run.scale_set) == 0
+    })
+    .await;
     stop.cancel();
     handle.await.expect("join").expect("listener");
     work.await.expect("workloads");
@@ -531,5 +558,49 @@ async fn a_trusted_scale_set_refuses_fork_code_and_runs_the_rest() {
             "a fork's job got an assignment"
         );
     }
+    assert!(
+        ledger.finals.values().all(|(_, _, withdrawn)| !withdrawn),
+        "a runner was withdrawn for a job that had none: {:?}",
+        ledger.finals
+    );
     assert_eq!(run.fake.count(Route::CancelRun), 2);
+}
+
+#[tokio::test]
+async fn a_job_cancelled_before_it_runs_withdraws_one_idle_runner_and_the_rest_run() {
+    let run = start(false, 100).await;
+    let stop = CancellationToken::new();
+    let handle = spawn(listener(&run), &stop, false);
+    let jobs: Vec<i64> = (0..4)
+        .map(|_| run.fake.enqueue(JobSpec::push(&["jetrunner"])))
+        .collect();
+    until("a runner made for every job", || {
+        run.sink.ledger().assignments.len() == jobs.len()
+    })
+    .await;
+    // Before any workload starts its runner, one job is cancelled: its runner is one too many.
+    run.fake.cancel(jobs[1]);
+    until("a runner withdrawn", || run.sink.ledger().finals.len() == 1).await;
+    let work = tokio::spawn(workloads(run.fake.clone(), run.sink.clone(), stop.clone()));
+    all_final(&run, jobs.len()).await;
+    stop.cancel();
+    handle.await.expect("join").expect("listener");
+    work.await.expect("workloads");
+    let rest = [jobs[0], jobs[2], jobs[3]];
+    assert_all_final_once(&run, &rest);
+    let ledger = run.sink.ledger();
+    let withdrawn: Vec<_> = ledger.finals.values().filter(|f| f.2).collect();
+    assert_eq!(
+        withdrawn,
+        vec![&(Outcome::Cancelled, jobs[1], true)],
+        "{:?}",
+        ledger.finals
+    );
+    // The withdrawn runner was removed before it could take a job.
+    let removed = run.fake.removed_runners();
+    assert_eq!(
+        removed.iter().filter(|r| !r.started).count(),
+        1,
+        "{removed:?}"
+    );
 }
