@@ -9,6 +9,12 @@
 #   JETRUNNER_RUNNER_TOKEN   per-attempt token; becomes the runner `token` (never printed)
 #   JETRUNNER_LABELS         the job's runs-on labels, comma separated
 #
+# GitHub Actions jobs (JETRUNNER_FORGE=github, set by the worker; JETRUNNER_LABELS is then not
+# needed): the executor's credentials fetch the attempt's just-in-time runner config from the
+# facade, and GitHub's runner starts with it (config in ACTIONS_RUNNER_INPUT_JITCONFIG, never on
+# a command line). The runner then talks to GitHub directly and exits after its one job.
+#   EXECUTOR_ACTIONS_RUNNER  the runner's run.sh (default /home/runner/actions-runner/run.sh)
+#
 # Image knobs (set by the image or the runner block's `env`):
 #   EXECUTOR_RUNNER        act_runner (default) | forgejo-runner
 #   EXECUTOR_STATE_DIR     directory for the registration file (default /data); must be writable
@@ -35,8 +41,15 @@ case $runner in
   *) fail "EXECUTOR_RUNNER must be act_runner or forgejo-runner, not '$runner'" ;;
 esac
 
+forge=${JETRUNNER_FORGE:-gitea}
+case $forge in
+  gitea) required="JETRUNNER_FACADE_URL JETRUNNER_ASSIGNMENT_ID JETRUNNER_RUNNER_TOKEN JETRUNNER_LABELS" ;;
+  github) required="JETRUNNER_FACADE_URL JETRUNNER_ASSIGNMENT_ID JETRUNNER_RUNNER_TOKEN" ;;
+  *) fail "JETRUNNER_FORGE must be gitea or github, not '$forge'" ;;
+esac
+
 missing=
-for name in JETRUNNER_FACADE_URL JETRUNNER_ASSIGNMENT_ID JETRUNNER_RUNNER_TOKEN JETRUNNER_LABELS; do
+for name in $required; do
   eval "value=\${$name-}"
   if [ -z "$value" ]; then
     missing="$missing $name"
@@ -50,7 +63,7 @@ fi
 facade_url=$JETRUNNER_FACADE_URL
 assignment_id=$JETRUNNER_ASSIGNMENT_ID
 token=$JETRUNNER_RUNNER_TOKEN
-routed_labels=$JETRUNNER_LABELS
+routed_labels=${JETRUNNER_LABELS-}
 
 # Everything that goes into the JSON file is checked against a character set that needs no JSON
 # escaping: no double quote, no backslash, no control character.
@@ -73,6 +86,41 @@ fi
 case $token in
   *[!A-Za-z0-9._~+/=-]*) fail "JETRUNNER_RUNNER_TOKEN contains characters outside [A-Za-z0-9._~+/=-] (value not shown)" ;;
 esac
+
+state_dir=${EXECUTOR_STATE_DIR:-/data}
+
+# GitHub: ask the facade for the runner config, then become GitHub's runner.
+if [ "$forge" = github ]; then
+  actions_runner=${EXECUTOR_ACTIONS_RUNNER:-/home/runner/actions-runner/run.sh}
+  [ -x "$actions_runner" ] || fail "EXECUTOR_ACTIONS_RUNNER '$actions_runner' is not an executable file (is this the image's actions-runner target?)"
+  command -v curl >/dev/null 2>&1 || fail "curl is needed to fetch the runner config from the facade"
+  mkdir -p "$state_dir" 2>/dev/null || fail "cannot create EXECUTOR_STATE_DIR '$state_dir'"
+  cd "$state_dir" || fail "cannot enter EXECUTOR_STATE_DIR '$state_dir'"
+  umask 077
+  answer=".runner-config.$$"
+  rm -f "$answer"
+  # The credentials reach curl on its standard input as config lines (printf is a builtin), never
+  # in an argument list. The facade answers 503 until the worker's workload-created is visible:
+  # curl tries again.
+  if ! printf 'header = "x-runner-uuid: %s"\nheader = "x-runner-token: %s"\n' "$assignment_id" "$token" |
+    curl --silent --show-error --fail --config - --request POST --data '' \
+      --retry 60 --retry-delay 1 --retry-max-time 300 --retry-connrefused \
+      --output "$answer" "${facade_url%/}/jetrunner/github/v1/runner-config"; then
+    rm -f "$answer"
+    fail "the facade did not hand out this attempt's runner config"
+  fi
+  jit=$(sed -n 's/.*"jit_config":"\([A-Za-z0-9+\/=]*\)".*/\1/p' "$answer")
+  rm -f "$answer"
+  [ -n "$jit" ] || fail "the facade's answer holds no runner config"
+  token=
+  unset JETRUNNER_RUNNER_TOKEN
+  ACTIONS_RUNNER_INPUT_JITCONFIG=$jit
+  export ACTIONS_RUNNER_INPUT_JITCONFIG
+  jit=
+  printf '%s: assignment %s: starting the GitHub runner %s (config from facade %s)\n' \
+    "$prog" "$assignment_id" "$actions_runner" "$facade_url" >&2
+  exec "$actions_runner"
+fi
 
 scheme=${EXECUTOR_LABEL_SCHEME:-host}
 case $runner:$scheme in
@@ -103,7 +151,6 @@ if [ -n "${EXECUTOR_CONFIG_FILE:-}" ] && [ ! -r "$EXECUTOR_CONFIG_FILE" ]; then
   fail "EXECUTOR_CONFIG_FILE '$EXECUTOR_CONFIG_FILE' is not a readable file"
 fi
 
-state_dir=${EXECUTOR_STATE_DIR:-/data}
 mkdir -p "$state_dir" 2>/dev/null || fail "cannot create EXECUTOR_STATE_DIR '$state_dir'"
 cd "$state_dir" || fail "cannot enter EXECUTOR_STATE_DIR '$state_dir'"
 

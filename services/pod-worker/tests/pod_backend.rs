@@ -51,6 +51,7 @@ fn spec(task: i64, token: &str) -> WorkloadSpec {
         workflow: "ci".into(),
         job_name: "build".into(),
         fetched_at: 0,
+        github: false,
     }
 }
 
@@ -579,6 +580,7 @@ async fn redelivery_returns_the_existing_pod_with_its_original_token() {
         workflow: "ci".into(),
         job_name: "build".into(),
         fetched_at: 0,
+        github: false,
         ..first.clone()
     };
     backend.create(&first).await.expect("create");

@@ -32,28 +32,40 @@ pub async fn handle(
     let id = envelope.assignment_id;
     // Act only on an assignment this scheduler published, for this very forge task: anyone
     // else's command (or one naming another task) must not fail a forge task or write its log.
-    match crate::redispatch::history(bus, &subject::assignment(&backend, id)).await {
+    let github = match crate::redispatch::history(bus, &subject::assignment(&backend, id)).await {
         Ok(history) => {
-            let ours = history.iter().rev().any(|e| {
-                matches!(&e.message, Message::Assignment(a) if a.forge_task_id == forge_task_id)
-                    && crate::redispatch::sealed_by(sealer, e).is_ok()
+            let ours = history.iter().rev().find_map(|e| match &e.message {
+                Message::Assignment(a)
+                    if a.forge_task_id == forge_task_id
+                        && crate::redispatch::sealed_by(sealer, e).is_ok() =>
+                {
+                    Some(crate::github::is_github(&a.forge_instance))
+                }
+                _ => None,
             });
-            if !ours {
+            let Some(github) = ours else {
                 tracing::warn!(assignment = %id, task = forge_task_id, "fail-task names no assignment of ours for that task; refused");
                 return Disposition::Term(format!(
                     "fail-task for forge task {forge_task_id}: no assignment {id} sealed by this scheduler for it"
                 ));
-            }
+            };
+            github
         }
         Err(e) => {
             tracing::warn!(assignment = %id, error = %e, "cannot read the assignment; retrying fail-task");
             return Disposition::Nak(Some(Duration::from_secs(2)));
         }
-    }
-    let Some(forge) = forges.client(&backend) else {
-        return Disposition::Term(format!(
-            "fail-task for backend {backend}, which has no forge registration here"
-        ));
+    };
+    // A GitHub runner's job is ended by GitHub itself when the runner is gone; jetrunner's
+    // ledger records the failure, and there is no Gitea task to report it to.
+    let forge = match (github, forges.client(&backend)) {
+        (true, _) => None,
+        (false, Some(forge)) => Some(forge),
+        (false, None) => {
+            return Disposition::Term(format!(
+                "fail-task for backend {backend}, which has no forge registration here"
+            ));
+        }
     };
     let terminal = Envelope::new(
         format!("terminal:{id}:fail-task"),
@@ -99,16 +111,18 @@ pub async fn handle(
             return Disposition::Nak(Some(Duration::from_secs(2)));
         }
     }
-    match report_failure(forge, forge_task_id, std::slice::from_ref(&reason)).await {
-        Ok(result) => {
-            tracing::info!(assignment = %id, task = forge_task_id, ?result, %reason, "failure reported to the forge")
-        }
-        Err(e) if e.is_retryable() => {
-            tracing::warn!(assignment = %id, error = %e, "forge unavailable; retrying fail-task");
-            return Disposition::Nak(Some(Duration::from_secs(5)));
-        }
-        Err(e) => {
-            tracing::warn!(assignment = %id, error = %e, "forge refused the failure report; the task stays failed here")
+    if let Some(forge) = forge {
+        match report_failure(forge, forge_task_id, std::slice::from_ref(&reason)).await {
+            Ok(result) => {
+                tracing::info!(assignment = %id, task = forge_task_id, ?result, %reason, "failure reported to the forge")
+            }
+            Err(e) if e.is_retryable() => {
+                tracing::warn!(assignment = %id, error = %e, "forge unavailable; retrying fail-task");
+                return Disposition::Nak(Some(Duration::from_secs(5)));
+            }
+            Err(e) => {
+                tracing::warn!(assignment = %id, error = %e, "forge refused the failure report; the task stays failed here")
+            }
         }
     }
     let failed = Envelope::new(

@@ -10,6 +10,7 @@ pub mod fetcher;
 pub mod forge_report;
 pub mod forges;
 pub mod github;
+pub mod github_forge;
 pub mod ledger;
 pub mod metrics;
 pub mod pacing;

@@ -287,6 +287,29 @@ pub async fn run(
             Ok::<(), anyhow::Error>(())
         });
     }
+    // Each `[[github]]` entry: a scale set listener on the replica holding its lease.
+    for forge in crate::github_forge::GitHubForge::from_config(&config)? {
+        let name = forge.entry.name.clone();
+        let leadership = jr_bus::lease::spawn_lease(
+            jr_bus::lease::LeaseSpec {
+                store: store.clone(),
+                key: format!("lease.github.{name}"),
+                me: me.clone(),
+                policy,
+            },
+            shutdown.clone(),
+        );
+        let (b, kv, sealer, owner, stop) = (
+            bus.clone(),
+            store.clone(),
+            sealer.clone(),
+            me.clone(),
+            shutdown.clone(),
+        );
+        tasks.spawn("github listener", async move {
+            forge.run(b, kv, sealer, leadership, owner, stop).await
+        });
+    }
     ready("facade", true);
     let pacing = Pacing {
         poll_interval: config.forge.poll_interval,

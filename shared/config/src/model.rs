@@ -16,6 +16,9 @@ pub struct Config {
     #[serde(default)]
     pub database: DatabaseConfig,
     pub forge: ForgeConfig,
+    /// `[[github]]`: GitHub Actions runner scale sets served next to `[forge]`.
+    #[serde(default)]
+    pub github: Vec<GitHubConfig>,
     pub facade: FacadeConfig,
     #[serde(default)]
     pub routing: RoutingConfig,
@@ -244,6 +247,67 @@ pub struct ForgeConfig {
     pub max_backoff: Duration,
     #[serde(default = "ten_s", with = "humantime_serde")]
     pub request_timeout: Duration,
+}
+
+/// One `[[github]]` entry: a GitHub runner scale set whose jobs jetrunner runs, each on a
+/// just-in-time runner in a workload of `backend`.
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GitHubConfig {
+    /// The forge's name in jetrunner: assignments' `forge_instance`, lease and KV keys. Lower
+    /// case letters, digits and `-`; unique.
+    pub name: String,
+    /// Where the runners register: `https://github.com/ORG`, `https://github.com/OWNER/REPO`
+    /// or `https://github.com/enterprises/NAME` (or the same on a GitHub Enterprise Server).
+    pub url: String,
+    /// The REST API base when it is not the one `url` implies (`https://api.github.com`, or
+    /// `<server>/api/v3`).
+    #[serde(default)]
+    pub api_url: Option<String>,
+    /// The backend every runner of the scale set runs on. It must suit the least trusted job
+    /// the scale set can receive: the per-job trust facts only guard, they cannot route.
+    pub backend: String,
+    /// The scale set's name, which workflows name in `runs-on`.
+    #[serde(default = "default_scale_set")]
+    pub scale_set: String,
+    #[serde(default = "default_runner_group")]
+    pub runner_group: String,
+    /// Labels of the scale set besides its name.
+    #[serde(default)]
+    pub labels: Vec<String>,
+    /// Most runners at once (the capacity announced to the service); default: the backend's
+    /// capacity.
+    #[serde(default)]
+    pub max_runners: Option<u32>,
+    /// A personal access token (or `pat_file`); or the three `app_*` keys.
+    #[serde(default)]
+    pub pat: Option<String>,
+    #[serde(default)]
+    pub pat_file: Option<PathBuf>,
+    /// A GitHub App: its client id (or numeric App id) …
+    #[serde(default)]
+    pub app_id: Option<String>,
+    /// … its installation on the owner of `url` …
+    #[serde(default)]
+    pub app_installation_id: Option<u64>,
+    /// … and its private key (PEM).
+    #[serde(default)]
+    pub app_private_key_file: Option<PathBuf>,
+    /// The runner's work folder, relative to its installation.
+    #[serde(default = "default_work_folder")]
+    pub work_folder: String,
+}
+
+fn default_scale_set() -> String {
+    "jetrunner".to_owned()
+}
+
+fn default_runner_group() -> String {
+    "default".to_owned()
+}
+
+fn default_work_folder() -> String {
+    "_work".to_owned()
 }
 
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]

@@ -139,6 +139,23 @@ impl std::fmt::Debug for crate::ForgeConfig {
     }
 }
 
+impl std::fmt::Debug for crate::GitHubConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GitHubConfig")
+            .field("name", &self.name)
+            .field("url", &self.url)
+            .field("api_url", &self.api_url)
+            .field("backend", &self.backend)
+            .field("scale_set", &self.scale_set)
+            .field("pat", &redacted(&self.pat))
+            .field("pat_file", &self.pat_file)
+            .field("app_id", &self.app_id)
+            .field("app_installation_id", &self.app_installation_id)
+            .field("app_private_key_file", &self.app_private_key_file)
+            .finish_non_exhaustive()
+    }
+}
+
 impl std::fmt::Debug for crate::BackendConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BackendConfig")

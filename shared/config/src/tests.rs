@@ -476,3 +476,58 @@ fn runtime_threads_default_to_one_and_are_bounded() {
         .expect_err("no thread cannot run anything");
     assert!(err.to_string().contains("runtime.threads"), "{err}");
 }
+
+#[test]
+fn github_entries_load_with_defaults_and_bad_ones_name_their_key() {
+    let entry = r#"
+[[github]]
+name = "gh"
+url = "https://github.com/acme"
+backend = "vm"
+pat = "ghp_x"
+"#;
+    let c = load_env(&format!("{MINIMAL}{entry}"), &[]).expect("valid");
+    let g = &c.github[0];
+    assert_eq!(
+        (g.scale_set.as_str(), g.runner_group.as_str(), g.max_runners),
+        ("jetrunner", "default", None)
+    );
+    assert!(
+        !format!("{c:?}").contains("ghp_x"),
+        "the PAT shows in Debug"
+    );
+    let app = r#"
+[[github]]
+name = "gh"
+url = "https://github.com/acme"
+backend = "vm"
+app_id = "Iv1.x"
+app_installation_id = 7
+app_private_key_file = "/run/key.pem"
+"#;
+    load_env(&format!("{MINIMAL}{app}"), &[]).expect("an App is valid");
+    for (bad, key) in [
+        (
+            entry.replace("name = \"gh\"", "name = \"Git Hub\""),
+            "github[0].name",
+        ),
+        (
+            entry.replace("backend = \"vm\"", "backend = \"gpu\""),
+            "github[0].backend",
+        ),
+        (entry.replace("pat = \"ghp_x\"", ""), "github[0].pat"),
+        (
+            entry.replace("pat = \"ghp_x\"", "pat = \"x\"\napp_id = \"1\""),
+            "github[0].pat",
+        ),
+        (app.replace("app_installation_id = 7", ""), "github[0].pat"),
+        (
+            entry.replace("https://github.com/acme", "github.com/acme"),
+            "github[0].url",
+        ),
+        (format!("{entry}{entry}"), "github[1].name"),
+    ] {
+        let err = load_env(&format!("{MINIMAL}{bad}"), &[]).expect_err(key);
+        assert!(err.to_string().contains(key), "{key}: {err}");
+    }
+}

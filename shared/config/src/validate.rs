@@ -37,6 +37,7 @@ impl Config {
         self.validate_facade()?;
         self.validate_backends()?;
         self.validate_routing()?;
+        self.validate_github()?;
         for section in crate::SERVICE_SECTIONS {
             if let Some(auth) = self.service_nats(section) {
                 validate_nats_auth(section, auth)?;
@@ -56,6 +57,77 @@ impl Config {
                 "scheduler.seal_key_id",
                 format!("key id {id:?} is not in scheduler.seal_keys"),
             ));
+        }
+        Ok(())
+    }
+
+    fn validate_github(&self) -> Result<(), ConfigError> {
+        let mut names = BTreeSet::new();
+        for (i, g) in self.github.iter().enumerate() {
+            let key = |k: &str| format!("github[{i}].{k}");
+            let valid_name = !g.name.is_empty()
+                && g.name.len() <= 64
+                && g.name
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+            if !valid_name {
+                return Err(ConfigError::key(
+                    key("name"),
+                    format!(
+                        "{:?}: use 1 to 64 lower-case letters, digits and '-'",
+                        g.name
+                    ),
+                ));
+            }
+            if !names.insert(g.name.as_str()) {
+                return Err(ConfigError::key(
+                    key("name"),
+                    format!("{:?} is the name of another [[github]] entry", g.name),
+                ));
+            }
+            for (k, url) in [("url", Some(&g.url)), ("api_url", g.api_url.as_ref())] {
+                if let Some(url) = url
+                    && !url.starts_with("http://")
+                    && !url.starts_with("https://")
+                {
+                    return Err(ConfigError::key(
+                        key(k),
+                        "must be an http:// or https:// URL",
+                    ));
+                }
+            }
+            let enabled = self.backend.get(&g.backend).is_some_and(|b| b.enabled);
+            if !enabled {
+                return Err(ConfigError::key(
+                    key("backend"),
+                    format!("{:?} is not an enabled [backend.<name>]", g.backend),
+                ));
+            }
+            if g.scale_set.trim().is_empty() {
+                return Err(ConfigError::key(key("scale_set"), "must not be empty"));
+            }
+            if g.max_runners == Some(0) {
+                return Err(ConfigError::key(key("max_runners"), "must be at least 1"));
+            }
+            let pat = g.pat.is_some() || g.pat_file.is_some();
+            let app = [
+                g.app_id.is_some(),
+                g.app_installation_id.is_some(),
+                g.app_private_key_file.is_some(),
+            ];
+            let any_app = app.iter().any(|x| *x);
+            if g.pat.is_some() && g.pat_file.is_some() {
+                return Err(ConfigError::key(
+                    key("pat"),
+                    "give pat or pat_file, not both",
+                ));
+            }
+            if pat == any_app || (any_app && !app.iter().all(|x| *x)) {
+                return Err(ConfigError::key(
+                    key("pat"),
+                    "give a personal access token (pat or pat_file), or a GitHub App (app_id, app_installation_id and app_private_key_file), not both",
+                ));
+            }
         }
         Ok(())
     }

@@ -253,6 +253,16 @@ impl<S: Sink> Listener<S> {
         stop: CancellationToken,
         keep_session: bool,
     ) -> Result<(), ListenError> {
+        self.run_keeping(stop, move || keep_session).await
+    }
+
+    /// [`Listener::run`], asking `keep_session` at the stop whether to keep the session (for a
+    /// new leader to resume) or delete it (a shutdown).
+    pub async fn run_keeping(
+        &self,
+        stop: CancellationToken,
+        keep_session: impl Fn() -> bool + Send,
+    ) -> Result<(), ListenError> {
         let Some(mut session) = self.session(&stop).await? else {
             return Ok(());
         };
@@ -305,7 +315,7 @@ impl<S: Sink> Listener<S> {
                 }
             }
         }
-        if !keep_session {
+        if !keep_session() {
             session.close().await?;
         }
         Ok(())

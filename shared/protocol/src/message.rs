@@ -207,7 +207,17 @@ pub struct Assignment {
     pub sealed_task: SealedTask,
 }
 
+/// What a GitHub assignment's `forge_instance` starts with (then the forge's `[[github]]`
+/// name); a Gitea or Forgejo one is the forge's URL.
+pub const GITHUB_FORGE_PREFIX: &str = "github:";
+
 impl Assignment {
+    /// Whether the job is a GitHub Actions job: its sealed task is a just-in-time runner
+    /// config, which the executor asks the facade for instead of fetching a task.
+    pub fn is_github(&self) -> bool {
+        self.forge_instance.starts_with(GITHUB_FORGE_PREFIX)
+    }
+
     /// The job's time limit less the time it already waited since the fetch: the forge's
     /// endless-task clock started when the task was handed out, not when a workload starts.
     pub fn remaining_secs(&self, now_ms: u64) -> u64 {

@@ -13,6 +13,8 @@ pub const ENV_ASSIGNMENT_ID: &str = "JETRUNNER_ASSIGNMENT_ID";
 pub const ENV_RUNNER_TOKEN: &str = "JETRUNNER_RUNNER_TOKEN";
 /// The job's `runs-on` labels, comma separated (the executor registers the runner with them).
 pub const ENV_LABELS: &str = "JETRUNNER_LABELS";
+/// `github` for a GitHub Actions job; absent for Gitea and Forgejo.
+pub const ENV_FORGE: &str = "JETRUNNER_FORGE";
 
 /// Everything a backend needs to create the workload of one assignment attempt.
 #[derive(Clone, Debug)]
@@ -38,6 +40,8 @@ pub struct WorkloadSpec {
     pub job_name: String,
     /// When the scheduler received the task (unix ms): how long the job has waited.
     pub fetched_at: u64,
+    /// A GitHub Actions job: the executor runs a just-in-time runner (`JETRUNNER_FORGE=github`).
+    pub github: bool,
 }
 
 impl WorkloadSpec {
@@ -48,12 +52,16 @@ impl WorkloadSpec {
 
     /// The executor environment of the executor contract (token included).
     pub fn executor_env(&self) -> BTreeMap<String, String> {
-        BTreeMap::from([
+        let mut env = BTreeMap::from([
             (ENV_FACADE_URL.to_owned(), self.facade_url.clone()),
             (ENV_ASSIGNMENT_ID.to_owned(), self.assignment_id.to_string()),
             (ENV_RUNNER_TOKEN.to_owned(), self.executor_token.clone()),
             (ENV_LABELS.to_owned(), self.labels.join(",")),
-        ])
+        ]);
+        if self.github {
+            env.insert(ENV_FORGE.to_owned(), "github".to_owned());
+        }
+        env
     }
 }
 
@@ -159,5 +167,6 @@ pub(crate) fn test_spec(n: u32) -> WorkloadSpec {
         workflow: "ci".into(),
         job_name: "build".into(),
         fetched_at: 0,
+        github: false,
     }
 }

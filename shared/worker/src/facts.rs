@@ -57,5 +57,6 @@ pub(crate) async fn bus_facts(
         terminal: terminal?.is_some(),
         claimed_attempt: claimed?,
         created_attempt: created?,
+        no_warm: false,
     })
 }

@@ -17,7 +17,7 @@ use crate::facts::bus_facts;
 use crate::gate::{Outstanding, TicketGate, ToDriver};
 use crate::ledger::Ledger;
 use crate::replicas::{Renewal, Replica, replica_name, taken_over};
-use crate::state::{AttemptKey, Input};
+use crate::state::{AttemptKey, BusFacts, Input};
 
 /// Most assignments one pull of the assignment consumer asks for: as many as free slots allow
 /// up to this, so a worker with many free slots fills them at the pace of the bus rather than
@@ -343,7 +343,12 @@ async fn handle_assignment(
     };
     let key = AttemptKey::new(delivery.envelope.assignment_id, delivery.envelope.attempt);
     let facts = match bus_facts(bus, backend, key.assignment).await {
-        Ok(facts) => facts,
+        // A GitHub job runs on the just-in-time runner made for it, never on a warm executor
+        // waiting for a Gitea task.
+        Ok(facts) => BusFacts {
+            no_warm: assignment.is_github(),
+            ..facts
+        },
         Err(error) => {
             give_back();
             tracing::warn!(%key, %error, "cannot read what the bus knows about the assignment; will retry");

@@ -7,6 +7,7 @@
 //! the executor image's entrypoint (`executor/entrypoint.sh`, docs/executor.md) execs.
 
 mod behaviour;
+pub mod github_runner;
 mod log;
 pub mod runner_cli;
 mod task;

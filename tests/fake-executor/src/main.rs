@@ -194,6 +194,66 @@ fn record(
         .map_err(|e| ExecutorError::Config(format!("cannot write JETRUNNER_FAKE_RECORD: {e}")))
 }
 
+/// Started as GitHub's `run.sh` (or `actions-runner`): the JIT runner stand-in.
+fn is_actions_runner(program: &str) -> bool {
+    let name = std::path::Path::new(program)
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default();
+    matches!(name, "run.sh" | "actions-runner")
+}
+
+/// The JIT runner stand-in: the config comes from `ACTIONS_RUNNER_INPUT_JITCONFIG` (the
+/// runner's environment form of `--jitconfig`, out of every process list), the fake GitHub's
+/// address from `JETRUNNER_FAKE_GITHUB_URL`. Exit status: 0 when its job was reported, 1 on an
+/// error, 2 when no job came.
+async fn github_runner_main(args: Vec<String>) -> ExitCode {
+    use jr_fake_executor::github_runner::{
+        GitHubRunnerConfig, GitHubRunnerReport, run_github_runner,
+    };
+    let config = (|| -> Result<GitHubRunnerConfig, ExecutorError> {
+        if !args.is_empty() {
+            return Err(ExecutorError::Config(format!(
+                "arguments {args:?}: the JIT config must come from the environment, not the command line"
+            )));
+        }
+        if std::env::var_os("JETRUNNER_RUNNER_TOKEN").is_some() {
+            return Err(ExecutorError::Config(
+                "JETRUNNER_RUNNER_TOKEN is still in the runner's environment; job steps would inherit it"
+                    .into(),
+            ));
+        }
+        Ok(GitHubRunnerConfig {
+            server: required("JETRUNNER_FAKE_GITHUB_URL")?,
+            jit_config: required("ACTIONS_RUNNER_INPUT_JITCONFIG")?,
+            poll_interval: Duration::from_millis(number("JETRUNNER_FAKE_POLL_MS", 1000)?),
+            give_up_after: Duration::from_secs(number("JETRUNNER_FAKE_GIVE_UP_SECS", 120)?),
+            job_time: Duration::from_millis(number("JETRUNNER_FAKE_JOB_MS", 100)?),
+        })
+    })();
+    let config = match config {
+        Ok(config) => config,
+        Err(err) => {
+            tracing::error!(error = %err, "actions runner stand-in cannot start");
+            return ExitCode::from(1);
+        }
+    };
+    match run_github_runner(config).await {
+        Ok(GitHubRunnerReport::Finished { request_id, result }) => {
+            tracing::info!(request_id, %result, "GitHub job reported");
+            ExitCode::SUCCESS
+        }
+        Ok(GitHubRunnerReport::NoJob) => {
+            tracing::warn!("no GitHub job came");
+            ExitCode::from(2)
+        }
+        Err(error) => {
+            tracing::error!(%error, "actions runner stand-in failed");
+            ExitCode::from(1)
+        }
+    }
+}
+
 fn exit_code(outcome: Result<ExecutorReport, ExecutorError>) -> ExitCode {
     match outcome {
         Ok(ExecutorReport::Finished(report)) => {
@@ -233,6 +293,9 @@ async fn main() -> ExitCode {
         .init();
     let mut args = std::env::args();
     let program = args.next().unwrap_or_default();
+    if is_actions_runner(&program) {
+        return github_runner_main(args.collect()).await;
+    }
     let outcome = match Flavour::from_program(&program) {
         Some(flavour) => {
             let args: Vec<String> = args.collect();

@@ -439,6 +439,11 @@ impl FakeGitHub {
         self.world().jobs.get(&request_id).cloned()
     }
 
+    /// Every job, oldest first.
+    pub fn jobs(&self) -> Vec<crate::Job> {
+        self.world().jobs.values().cloned().collect()
+    }
+
     pub fn runners(&self) -> Vec<Runner> {
         self.world().runners.values().cloned().collect()
     }

@@ -66,6 +66,8 @@ pub struct Job {
     pub assignments: u32,
     /// A cancel arrived while it ran: the runner's finish reports `canceled`.
     pub cancel_requested: bool,
+    /// The runner that took it, if one did.
+    pub runner: Option<i64>,
 }
 
 #[derive(Clone, Debug)]
@@ -263,6 +265,7 @@ impl World {
                 state: JobState::Queued,
                 assignments: 0,
                 cancel_requested: false,
+                runner: None,
             },
         );
         self.route(request_id);
@@ -419,6 +422,7 @@ impl World {
                 scale_set: runner.scale_set,
                 runner: runner.id,
             };
+            j.runner = Some(runner.id);
             let message = Self::job_message(
                 j,
                 "JobStarted",

@@ -69,6 +69,59 @@ pub async fn read_stream(
     }
 }
 
+/// The names of every stream on the server (jetrunner's and the KV buckets').
+pub async fn stream_names(js: &jetstream::Context) -> anyhow::Result<Vec<String>> {
+    let mut names = js.stream_names();
+    let mut out = Vec::new();
+    while let Some(name) = names.next().await {
+        out.push(name.map_err(|e| anyhow::anyhow!("stream names: {e}"))?);
+    }
+    Ok(out)
+}
+
+/// Every message body of `stream` (headers left out), from the first up to the stream's last
+/// sequence at the time of the call.
+pub async fn raw_payloads(js: &jetstream::Context, stream: &str) -> anyhow::Result<Vec<Vec<u8>>> {
+    let handle = js
+        .get_stream(stream)
+        .await
+        .with_context(|| format!("stream {stream}"))?;
+    let info = handle
+        .get_info()
+        .await
+        .with_context(|| format!("info of {stream}"))?;
+    let last = info.state.last_sequence;
+    let mut out = Vec::new();
+    if info.state.messages == 0 {
+        return Ok(out);
+    }
+    let consumer = handle
+        .create_consumer(jetstream::consumer::pull::OrderedConfig {
+            deliver_policy: jetstream::consumer::DeliverPolicy::All,
+            ..Default::default()
+        })
+        .await
+        .with_context(|| format!("ordered consumer on {stream}"))?;
+    let mut messages = consumer.messages().await?;
+    loop {
+        let next = tokio::time::timeout(Duration::from_secs(10), messages.next())
+            .await
+            .with_context(|| format!("{stream}: no message after {} of {last}", out.len()))?;
+        let message = next
+            .with_context(|| format!("{stream}: ordered consumer ended"))?
+            .map_err(|e| anyhow::anyhow!("{stream}: {e}"))?;
+        let info = message
+            .info()
+            .map_err(|e| anyhow::anyhow!("message info: {e}"))?;
+        let (seq, pending) = (info.stream_sequence, info.pending);
+        out.push(message.payload.to_vec());
+        // The last sequence may be gone (a key's older revision, an expired lease).
+        if seq >= last || pending == 0 {
+            return Ok(out);
+        }
+    }
+}
+
 /// The reference projection of both streams as they are now, and each stream's last sequence.
 pub async fn fold_streams(
     js: &jetstream::Context,

@@ -29,21 +29,26 @@ pub struct EntrypointLauncher {
     state_root: PathBuf,
     /// stdout and stderr of every container, appended.
     log: PathBuf,
+    /// The fake GitHub's URL, for the GitHub runner stand-in (`run.sh`).
+    github: Option<String>,
 }
 
 impl EntrypointLauncher {
-    /// Sets up the runner stand-in below `dir`. Needs the workspace binaries built.
-    pub fn prepare(dir: &Path) -> anyhow::Result<EntrypointLauncher> {
+    /// Sets up the runner stand-ins below `dir` (`act_runner`, and GitHub's `run.sh` talking to
+    /// the fake GitHub at `github`). Needs the workspace binaries built.
+    pub fn prepare(dir: &Path, github: Option<String>) -> anyhow::Result<EntrypointLauncher> {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../executor/entrypoint.sh");
         if !script.is_file() {
             bail!("executor entrypoint missing at {}", script.display());
         }
         let bin_dir = dir.join("executor-bin");
         std::fs::create_dir_all(&bin_dir)?;
-        let runner = bin_dir.join("act_runner");
-        if !runner.exists() {
-            std::os::unix::fs::symlink(binary("fake-executor")?, &runner)
-                .with_context(|| format!("linking {}", runner.display()))?;
+        for name in ["act_runner", "run.sh"] {
+            let runner = bin_dir.join(name);
+            if !runner.exists() {
+                std::os::unix::fs::symlink(binary("fake-executor")?, &runner)
+                    .with_context(|| format!("linking {}", runner.display()))?;
+            }
         }
         let state_root = dir.join("executor-state");
         std::fs::create_dir_all(&state_root)?;
@@ -52,6 +57,7 @@ impl EntrypointLauncher {
             bin_dir,
             state_root,
             log: dir.join("executors.log"),
+            github,
         })
     }
 
@@ -79,9 +85,16 @@ impl EntrypointLauncher {
             Ok(system) => format!("{}:{system}", self.bin_dir.display()),
             Err(_) => format!("{}:/usr/bin:/bin", self.bin_dir.display()),
         };
-        let status = tokio::process::Command::new("sh")
+        let mut command = tokio::process::Command::new("sh");
+        command.env_clear();
+        if let Some(github) = &self.github {
+            command
+                .env("EXECUTOR_ACTIONS_RUNNER", self.bin_dir.join("run.sh"))
+                .env("JETRUNNER_FAKE_GITHUB_URL", github)
+                .env("JETRUNNER_FAKE_JOB_MS", "200");
+        }
+        let status = command
             .arg(&self.script)
-            .env_clear()
             .envs(&run.env)
             .env("PATH", path)
             .env("EXECUTOR_STATE_DIR", &state)
@@ -107,4 +120,65 @@ pub fn pod_runner(launcher: Arc<EntrypointLauncher>) -> jr_fake_kube::PodRunner 
         let launcher = launcher.clone();
         Box::pin(async move { launcher.run(run).await })
     })
+}
+
+/// A GitHub job's runner as a task of this process (sandboxes, and Pods with
+/// `pod_executor_in_process`): what the entrypoint does, with the executor's credentials from
+/// `env` (the runner config from the facade, then the runner stand-in against `server`).
+pub async fn run_github_in_process(
+    env: &std::collections::BTreeMap<String, String>,
+    server: &str,
+    poll: std::time::Duration,
+) -> anyhow::Result<()> {
+    use jr_fake_executor::github_runner::{GitHubRunnerConfig, run_github_runner};
+    let var = |name: &str| {
+        env.get(name)
+            .cloned()
+            .with_context(|| format!("{name} is not set"))
+    };
+    let (facade, assignment, token) = (
+        var("JETRUNNER_FACADE_URL")?,
+        var("JETRUNNER_ASSIGNMENT_ID")?,
+        var("JETRUNNER_RUNNER_TOKEN")?,
+    );
+    let http = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(10))
+        .build()?;
+    let url = format!(
+        "{}/jetrunner/github/v1/runner-config",
+        facade.trim_end_matches('/')
+    );
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(300);
+    // The facade answers 503 until the worker's workload-created is visible (as the
+    // entrypoint's curl retries).
+    let answer: serde_json::Value = loop {
+        let response = http
+            .post(&url)
+            .header("x-runner-uuid", &assignment)
+            .header("x-runner-token", &token)
+            .send()
+            .await;
+        match response {
+            Ok(r) if r.status().is_success() => break r.json().await?,
+            Ok(r) if r.status().as_u16() != 503 => {
+                bail!("runner config refused: {}", r.status())
+            }
+            _ if tokio::time::Instant::now() > deadline => bail!("no runner config in time"),
+            _ => tokio::time::sleep(std::time::Duration::from_millis(200)).await,
+        }
+    };
+    let jit_config = answer["jit_config"]
+        .as_str()
+        .context("no jit_config in the facade's answer")?
+        .to_owned();
+    run_github_runner(GitHubRunnerConfig {
+        server: server.to_owned(),
+        jit_config,
+        poll_interval: poll,
+        give_up_after: std::time::Duration::from_secs(600),
+        job_time: std::time::Duration::from_millis(200),
+    })
+    .await
+    .map_err(anyhow::Error::msg)?;
+    Ok(())
 }

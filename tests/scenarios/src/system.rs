@@ -23,6 +23,8 @@ use crate::process::{ServiceProcess, binary, free_port};
 pub const JOBS_NAMESPACE: &str = "jetrunner-jobs";
 pub const POOL: &str = "ci-vm";
 const API_KEY: &str = "scenario-api-key";
+/// The fake GitHub's personal access token (`[[github]] pat`).
+pub const GITHUB_PAT: &str = "ghp_scenario";
 
 /// What a scenario wants from the system.
 #[derive(Clone, Debug)]
@@ -94,6 +96,12 @@ pub struct SystemSpec {
     /// `[runtime] threads` of every service (1, the default: one thread; more: a multi-thread
     /// runtime).
     pub runtime_threads: usize,
+    /// A `[[github]]` scale set (forge `gh`, scale set `jetrunner`, runners on `github_backend`)
+    /// served by a fake GitHub next to the Gitea forge. Its jobs are enqueued with
+    /// [`System::enqueue_github`]; the end invariants then cover them too.
+    pub github: bool,
+    /// The backend the GitHub scale set's runners run on (`pod` or `vm`).
+    pub github_backend: &'static str,
 }
 
 impl Default for SystemSpec {
@@ -129,6 +137,8 @@ impl Default for SystemSpec {
             warm_idle: 0,
             nats_cluster: false,
             runtime_threads: 1,
+            github: false,
+            github_backend: "pod",
         }
     }
 }
@@ -171,6 +181,8 @@ pub struct System {
     pub pg: PgCluster,
     pub database_url: String,
     pub forge: FakeForge,
+    /// With [`SystemSpec::github`].
+    pub github: Option<jr_fake_github::FakeGitHub>,
     pub kube: FakeKube,
     pub sandbox: FakeSandbox,
     pub ports: Ports,
@@ -234,13 +246,16 @@ fn executor_config(env: &BTreeMap<String, String>, poll: Duration) -> Option<Exe
 struct ExecutorClients {
     cached: Arc<std::sync::Mutex<Option<(String, jr_forge::ForgeClient)>>>,
     poll: Duration,
+    /// The fake GitHub's URL, for GitHub jobs' runners.
+    github: Option<String>,
 }
 
 impl ExecutorClients {
-    fn new(poll: Duration) -> Self {
+    fn new(poll: Duration, github: Option<String>) -> Self {
         Self {
             cached: Arc::default(),
             poll,
+            github,
         }
     }
 
@@ -257,6 +272,15 @@ impl ExecutorClients {
     }
 
     async fn run(&self, env: &BTreeMap<String, String>) {
+        if env.get("JETRUNNER_FORGE").map(String::as_str) == Some("github") {
+            if let Some(server) = &self.github
+                && let Err(error) =
+                    crate::executor::run_github_in_process(env, server, self.poll).await
+            {
+                tracing::warn!(%error, "in-process GitHub runner failed");
+            }
+            return;
+        }
         if let Some(cfg) = executor_config(env, self.poll) {
             let _ = match self.for_url(&cfg) {
                 Some(client) => run_one_shot_on(&client, cfg).await,
@@ -322,11 +346,23 @@ impl System {
         } else {
             None
         };
-        let clients = ExecutorClients::new(spec.executor_poll);
+        let github = if spec.github {
+            let fake = jr_fake_github::FakeGitHub::start(GITHUB_PAT).await?;
+            // Jobs wait for runners to start; the listener's long poll is held as GitHub does.
+            fake.set_poll_hold(Duration::from_secs(5));
+            Some(fake)
+        } else {
+            None
+        };
+        let github_url = github.as_ref().map(jr_fake_github::FakeGitHub::url);
+        let clients = ExecutorClients::new(spec.executor_poll, github_url.clone());
         let pod_runner = if spec.pod_executor_in_process {
             in_process_pod_runner(clients.clone())
         } else {
-            executor::pod_runner(Arc::new(EntrypointLauncher::prepare(dir.path())?))
+            executor::pod_runner(Arc::new(EntrypointLauncher::prepare(
+                dir.path(),
+                github_url.clone(),
+            )?))
         };
         let kube = FakeKube::start(SimConfig {
             faults: spec.kube_faults.clone(),
@@ -379,7 +415,18 @@ impl System {
         } else {
             String::new()
         };
-        let text = text + &spec.extra_toml + &warm + &service_users_toml(&nats_users, &backends);
+        let github_toml = match &github_url {
+            Some(api) => format!(
+                "\n[[github]]\nname = \"gh\"\nurl = \"https://github.com/acme\"\napi_url = \"{api}\"\nbackend = \"{}\"\npat = \"{GITHUB_PAT}\"\n",
+                spec.github_backend
+            ),
+            None => String::new(),
+        };
+        let text = text
+            + &spec.extra_toml
+            + &warm
+            + &github_toml
+            + &service_users_toml(&nats_users, &backends);
         std::fs::write(&config_path, text)?;
         let args = vec!["--config".to_owned(), config_path.display().to_string()];
         let svc = |name: &str, port| -> anyhow::Result<ServiceProcess> {
@@ -477,6 +524,7 @@ impl System {
             pg,
             database_url,
             forge,
+            github,
             kube,
             sandbox,
             ports,
@@ -555,6 +603,134 @@ impl System {
 
     pub fn service(&mut self, name: &str) -> Option<&mut ServiceProcess> {
         self.all_mut().into_iter().find(|p| p.name == name)
+    }
+
+    /// Queues `n` jobs for the GitHub scale set (`runs-on: jetrunner`, pushes to `acme/app`);
+    /// the runner stand-in fails those whose request id is a multiple of three.
+    pub fn enqueue_github(&self, n: usize) -> Vec<i64> {
+        let Some(github) = &self.github else {
+            return Vec::new();
+        };
+        (0..n)
+            .map(|_| github.enqueue(jr_fake_github::JobSpec::push(&["jetrunner"])))
+            .collect()
+    }
+
+    /// Until every GitHub job is completed on the fake GitHub.
+    pub async fn wait_github_final(&self, timeout: Duration) -> anyhow::Result<()> {
+        let Some(github) = &self.github else {
+            return Ok(());
+        };
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let open: Vec<_> = github
+                .jobs()
+                .into_iter()
+                .filter(|j| !matches!(j.state, jr_fake_github::JobState::Completed { .. }))
+                .map(|j| (j.request_id, j.state))
+                .collect();
+            if open.is_empty() {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() > deadline {
+                anyhow::bail!("after {timeout:?} GitHub jobs not completed: {open:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The GitHub invariants on the fake GitHub: every job completed with the result its
+    /// runner reports (unless `touched` names it), and no runner left registered.
+    pub fn github_violations(&self, touched: &HashSet<i64>) -> Vec<String> {
+        let Some(github) = &self.github else {
+            return Vec::new();
+        };
+        let mut v = Vec::new();
+        for job in github.jobs() {
+            match &job.state {
+                jr_fake_github::JobState::Completed { result } => {
+                    let expected = jr_fake_executor::github_runner::github_result(job.request_id);
+                    if !touched.contains(&job.request_id) && result != expected {
+                        v.push(format!(
+                            "GitHub job {} ended {result:?}, its runner reports {expected:?}",
+                            job.request_id
+                        ));
+                    }
+                }
+                other => v.push(format!(
+                    "GitHub job {} not final: {other:?}",
+                    job.request_id
+                )),
+            }
+        }
+        for runner in github.runners() {
+            v.push(format!(
+                "GitHub runner {} left registered (started {}, job {:?})",
+                runner.name, runner.started, runner.job
+            ));
+        }
+        v
+    }
+
+    /// The GitHub invariants on the bus: each GitHub job final once (one `terminal` among the
+    /// GitHub assignments names it), and no runner config readable in any message of any
+    /// stream.
+    pub async fn github_bus_violations(&self) -> anyhow::Result<Vec<String>> {
+        let Some(github) = &self.github else {
+            return Ok(Vec::new());
+        };
+        let mut v = Vec::new();
+        let js =
+            jr_bus::async_nats::jetstream::new(jr_bus::async_nats::connect(self.nats.url()).await?);
+        let (assignments, _) =
+            crate::consistency::read_stream(&js, jr_protocol::STREAM_ASSIGNMENTS).await?;
+        let ours: HashSet<jr_protocol::AssignmentId> = assignments
+            .iter()
+            .filter(
+                |(_, e)| matches!(&e.message, jr_protocol::Message::Assignment(a) if a.is_github()),
+            )
+            .map(|(_, e)| e.assignment_id)
+            .collect();
+        let (events, _) = crate::consistency::read_stream(&js, jr_protocol::STREAM_EVENTS).await?;
+        let mut finals: BTreeMap<i64, usize> = BTreeMap::new();
+        for (_, e) in &events {
+            if let jr_protocol::Message::Terminal(t) = &e.message
+                && ours.contains(&e.assignment_id)
+                && t.source != jr_protocol::TerminalSource::Withdrawn
+            {
+                *finals.entry(t.forge_task_id).or_default() += 1;
+            }
+        }
+        for job in github.jobs() {
+            let ran = job.runner.is_some();
+            let n = finals.get(&job.request_id).copied().unwrap_or(0);
+            if ran && n != 1 {
+                v.push(format!(
+                    "GitHub job {} has {n} terminals on the bus",
+                    job.request_id
+                ));
+            }
+        }
+        let secrets: Vec<String> = github
+            .runners()
+            .into_iter()
+            .chain(github.removed_runners())
+            .map(|r| r.encoded_jit_config)
+            .collect();
+        for stream in crate::consistency::stream_names(&js).await? {
+            for payload in crate::consistency::raw_payloads(&js, &stream).await? {
+                if let Some(secret) = secrets
+                    .iter()
+                    .find(|s| payload.windows(s.len()).any(|w| w == s.as_bytes()))
+                {
+                    v.push(format!(
+                        "a runner config ({} bytes) is readable in stream {stream}",
+                        secret.len()
+                    ));
+                }
+            }
+        }
+        Ok(v)
     }
 
     /// Queues `n` jobs with `runs-on: [label]`; `vars` steer the fake executor (JR_FAKE_*).

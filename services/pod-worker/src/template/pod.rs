@@ -4,7 +4,9 @@ use std::collections::BTreeMap;
 
 use jr_protocol::BackendName;
 use jr_worker::WorkloadSpec;
-use jr_worker::backend::{ENV_ASSIGNMENT_ID, ENV_FACADE_URL, ENV_LABELS, ENV_RUNNER_TOKEN};
+use jr_worker::backend::{
+    ENV_ASSIGNMENT_ID, ENV_FACADE_URL, ENV_FORGE, ENV_LABELS, ENV_RUNNER_TOKEN,
+};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{
     Container, EnvVar, EnvVarSource, LocalObjectReference, Pod, PodSpec, Secret, SecretKeySelector,
@@ -117,6 +119,9 @@ pub fn build_objects(block: &RunnerBlock, spec: &WorkloadSpec) -> ExecutorObject
             }),
         },
     ];
+    if spec.github {
+        env.push(plain_env(ENV_FORGE, "github".to_owned()));
+    }
     env.extend(block.env.iter().map(|(k, v)| plain_env(k, v.clone())));
 
     let mut pod_labels = block.labels.clone();

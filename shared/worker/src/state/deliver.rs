@@ -38,6 +38,7 @@ impl WorkerState {
             delivery,
             disposition,
         };
+        let no_warm = facts.no_warm;
         let verdict = self.why_not_create(key, facts, now);
         if matches!(verdict, Some(NoCreate::Terminal | NoCreate::Superseded)) {
             fx.push(settle(Disposition::Ack));
@@ -107,7 +108,7 @@ impl WorkerState {
             return;
         }
         // An idle warm executor takes the job: no create call, no new slot.
-        if self.bind(delivery, key, now, fx) {
+        if !no_warm && self.bind(delivery, key, now, fx) {
             return;
         }
         if let Some(until) = self.paused_until.filter(|until| *until > now) {

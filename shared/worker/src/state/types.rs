@@ -54,6 +54,9 @@ pub struct BusFacts {
     pub claimed_attempt: Option<u32>,
     /// The last attempt for which a `workload-created` was published.
     pub created_attempt: Option<u32>,
+    /// The job must get a workload of its own, not an idle warm executor (a GitHub job, whose
+    /// runner is made for it).
+    pub no_warm: bool,
 }
 
 /// The backend's answer to a create call.

@@ -1,0 +1,246 @@
+//! One `[[github]]` entry at run time: a scale set listener run by the replica that holds the
+//! entry's lease (`lease.github.<name>` in `JR_SCHEDULER`), with the JetStream ledger of
+//! [`crate::github`] and a room read from the backend's worker consumer, as the Gitea fetchers
+//! read theirs.
+//!
+//! A replica that loses the lease stops its listener and keeps the message session, so the new
+//! leader resumes it from the saved cursor; a replica that shuts down deletes it.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use jr_bus::async_nats::jetstream::kv;
+use jr_bus::lease::Leadership;
+use jr_bus::{Bus, ConsumerSpec};
+use jr_config::{Config, GitHubConfig};
+use jr_github::guard::Guard;
+use jr_github::{Credentials, Listener, RetryPolicy, ScaleSetClient, Settings};
+use jr_placement::TrustLevel;
+use jr_protocol::{BackendName, STREAM_ASSIGNMENTS};
+use tokio_util::sync::CancellationToken;
+
+use crate::github::JetStreamSink;
+use crate::pacing::{BackendRoom, room};
+use crate::seal::Sealer;
+
+/// How often the room is read from the worker consumer.
+const ROOM_EVERY: Duration = Duration::from_millis(200);
+/// The longest wait between two tries to reach the scale set.
+const MAX_DELAY: Duration = Duration::from_secs(30);
+
+/// Everything one `[[github]]` entry runs with.
+pub struct GitHubForge {
+    pub entry: GitHubConfig,
+    pub client: ScaleSetClient,
+    pub backend: BackendName,
+    pub lookahead: usize,
+    pub max_runners: u32,
+    pub max_duration: Duration,
+    pub guard: Option<Guard>,
+}
+
+/// The REST client's credentials of `entry`, read from the config and its files.
+fn credentials(index: usize, entry: &GitHubConfig) -> anyhow::Result<Credentials> {
+    let key = format!("github[{index}].pat");
+    if let Some(pat) = jr_config::read_secret(&key, &entry.pat, &entry.pat_file)? {
+        return Ok(Credentials::Pat(pat));
+    }
+    let (Some(issuer), Some(installation_id), Some(path)) = (
+        entry.app_id.clone(),
+        entry.app_installation_id,
+        entry.app_private_key_file.as_ref(),
+    ) else {
+        anyhow::bail!("{key}: no personal access token and no GitHub App configured");
+    };
+    let private_key_pem =
+        jr_config::read_secret_file(&format!("github[{index}].app_private_key_file"), path)?;
+    Ok(Credentials::App {
+        issuer,
+        installation_id,
+        private_key_pem,
+    })
+}
+
+impl GitHubForge {
+    /// Every `[[github]]` entry of `config`, checked and with its client built.
+    pub fn from_config(config: &Config) -> anyhow::Result<Vec<GitHubForge>> {
+        let policy = config.routing.trust.policy();
+        config
+            .github
+            .iter()
+            .enumerate()
+            .map(|(i, entry)| {
+                let backend_config = config
+                    .backend
+                    .get(&entry.backend)
+                    .with_context(|| format!("github[{i}].backend {:?}", entry.backend))?;
+                let backend = BackendName::new(&entry.backend)
+                    .with_context(|| format!("github[{i}].backend {:?}", entry.backend))?;
+                let client = ScaleSetClient::new(Settings {
+                    url: entry.url.clone(),
+                    api: entry.api_url.clone(),
+                    credentials: credentials(i, entry)?,
+                    retry: RetryPolicy::default(),
+                    user_agent: format!("jetrunner/{}", env!("CARGO_PKG_VERSION")),
+                })
+                .with_context(|| format!("github[{i}]"))?;
+                let default_max = backend_config
+                    .capacity
+                    .saturating_add(backend_config.lookahead);
+                // Only a scale set on a trusted backend needs the guard: an untrusted one may
+                // take anything.
+                let trust = backend_config.trust_level();
+                let guard = (trust != TrustLevel::Untrusted).then(|| Guard {
+                    policy: policy.clone(),
+                    backend_trust: trust,
+                });
+                Ok(GitHubForge {
+                    entry: entry.clone(),
+                    client,
+                    backend,
+                    lookahead: backend_config.lookahead,
+                    max_runners: entry
+                        .max_runners
+                        .unwrap_or_else(|| u32::try_from(default_max).unwrap_or(u32::MAX)),
+                    max_duration: backend_config.max_duration,
+                    guard,
+                })
+            })
+            .collect()
+    }
+
+    /// Runs the entry's listener whenever this replica holds its lease, until `shutdown`.
+    pub async fn run(
+        self,
+        bus: Bus,
+        kv: kv::Store,
+        sealer: Arc<Sealer>,
+        mut leadership: Leadership,
+        owner: String,
+        shutdown: CancellationToken,
+    ) -> anyhow::Result<()> {
+        let room = Arc::new(AtomicUsize::new(0));
+        let reader = tokio::spawn(read_room(
+            bus.clone(),
+            self.backend.clone(),
+            self.lookahead,
+            room.clone(),
+            shutdown.clone(),
+        ));
+        let name = self.entry.name.clone();
+        while leadership.until_acting(&shutdown).await.is_some() {
+            tracing::info!(forge = %name, scale_set = %self.entry.scale_set, "leading the GitHub scale set");
+            let Some(scale_set) = self.scale_set(&shutdown).await? else {
+                break;
+            };
+            let shown = room.clone();
+            let listener = Listener {
+                client: self.client.clone(),
+                scale_set,
+                owner: owner.clone(),
+                forge: name.clone(),
+                max_capacity: self.max_runners,
+                work_folder: self.entry.work_folder.clone(),
+                guard: self.guard.clone(),
+                sink: JetStreamSink {
+                    bus: bus.clone(),
+                    kv: kv.clone(),
+                    sealer: sealer.clone(),
+                    forge: name.clone(),
+                    backend: self.backend.clone(),
+                    max_duration: self.max_duration,
+                    room: Arc::new(move || shown.load(Ordering::Relaxed)),
+                },
+            };
+            let stop = shutdown.child_token();
+            let lost = {
+                let (mut leadership, stop) = (leadership.clone(), stop.clone());
+                tokio::spawn(async move {
+                    leadership.lost().await;
+                    stop.cancel();
+                })
+            };
+            let shut = shutdown.clone();
+            // Keep the session for the next leader unless this is a shutdown.
+            let result = listener
+                .run_keeping(stop, move || !shut.is_cancelled())
+                .await;
+            lost.abort();
+            if let Err(error) = result {
+                tracing::error!(forge = %name, %error, "the GitHub listener stopped; starting it again");
+                tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    () = tokio::time::sleep(Duration::from_secs(5)) => {}
+                }
+            }
+        }
+        reader.abort();
+        Ok(())
+    }
+
+    /// The scale set's id: found or made, tried again while GitHub is unreachable or busy.
+    /// `None` at shutdown.
+    async fn scale_set(&self, shutdown: &CancellationToken) -> anyhow::Result<Option<i64>> {
+        let mut delay = Duration::from_millis(500);
+        loop {
+            match self
+                .client
+                .ensure_scale_set(
+                    &self.entry.runner_group,
+                    &self.entry.scale_set,
+                    &self.entry.labels,
+                )
+                .await
+            {
+                Ok(set) => return Ok(Some(set.id)),
+                Err(error) if error.is_transient() => {
+                    tracing::warn!(forge = %self.entry.name, %error, "cannot reach the scale set; retrying");
+                }
+                Err(error) => {
+                    return Err(error).with_context(|| {
+                        format!(
+                            "github {:?}: scale set {:?} in runner group {:?}",
+                            self.entry.name, self.entry.scale_set, self.entry.runner_group
+                        )
+                    });
+                }
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => return Ok(None),
+                () = tokio::time::sleep(delay) => {}
+            }
+            delay = (delay * 2).min(MAX_DELAY);
+        }
+    }
+}
+
+/// Keeps `room` at the backend's lookahead less the assignments waiting for its worker (no
+/// room when the worker's consumer cannot be read), as the Gitea fetchers pace.
+async fn read_room(
+    bus: Bus,
+    backend: BackendName,
+    lookahead: usize,
+    room_now: Arc<AtomicUsize>,
+    shutdown: CancellationToken,
+) {
+    let durable = ConsumerSpec::worker_assignments(&backend).durable;
+    while !shutdown.is_cancelled() {
+        let waiting = match bus.consumer_info(STREAM_ASSIGNMENTS, &durable).await {
+            Ok(counts) => Some(counts.num_pending),
+            Err(error) => {
+                tracing::debug!(%backend, %error, "worker consumer not readable; no room");
+                None
+            }
+        };
+        room_now.store(
+            room(&[BackendRoom { lookahead, waiting }]),
+            Ordering::Relaxed,
+        );
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(ROOM_EVERY) => {}
+        }
+    }
+}
