@@ -5,10 +5,13 @@
 //!   message id). Its sealed task is the attempt's JIT runner config, sealed for that
 //!   assignment and backend like a Gitea task, so nothing on the bus can start a runner.
 //! - A GitHub assignment stands for the runner made when its job was assigned: any idle runner
-//!   of the scale set may take any of its jobs. `JobStarted` is the once-only `claimed` of the
-//!   assignment whose runner took a job (executor = the runner's name, with that job's request
-//!   id), `JobCompleted` the once-only `terminal` of that runner's assignment (source
-//!   `executor`). Its workload, the one that ran the job, is then deleted as for a Gitea job.
+//!   of the scale set may take any of its jobs. The facade publishes the once-only `claimed`
+//!   when the workload's executor fetches the runner config (as a FetchTask claims a Gitea
+//!   task), so the reconciler's claim timeout is about the workload starting its runner, not
+//!   about GitHub handing the runner a job. `JobStarted` publishes it too, if it is still
+//!   missing. `JobCompleted` is the once-only `terminal` of the assignment of the runner that
+//!   ran the job, with that job's request id (source `executor`). Its workload, the one that
+//!   ran the job, is then deleted as for a Gitea job.
 //! - A runner withdrawn unused (its job ended before it ran) gets a `terminal` with source
 //!   `withdrawn`.
 //! - Which assignment holds a job, and the session cursor, are kept in the scheduler's KV
@@ -52,7 +55,14 @@ pub fn is_github(forge_instance: &str) -> bool {
 }
 
 /// The forge's room: how many more jobs its backend can start soon.
-pub type Room = Arc<dyn Fn() -> usize + Send + Sync>;
+#[derive(Clone, Debug)]
+pub enum Room {
+    /// The backend's lookahead less the assignments waiting for its worker, read from the
+    /// worker's consumer each time (as the Gitea fetchers pace).
+    Backend { lookahead: usize },
+    /// A fixed room (tests).
+    Fixed(usize),
+}
 
 pub struct JetStreamSink {
     pub bus: Bus,
@@ -192,8 +202,28 @@ impl JetStreamSink {
 }
 
 impl Sink for JetStreamSink {
-    fn room(&self) -> usize {
-        (self.room)()
+    async fn room(&self) -> usize {
+        match &self.room {
+            Room::Fixed(n) => *n,
+            Room::Backend { lookahead } => {
+                let durable = jr_bus::ConsumerSpec::worker_assignments(&self.backend).durable;
+                let waiting = match self
+                    .bus
+                    .consumer_info(jr_protocol::STREAM_ASSIGNMENTS, &durable)
+                    .await
+                {
+                    Ok(counts) => Some(counts.num_pending),
+                    Err(error) => {
+                        tracing::debug!(backend = %self.backend, %error, "worker consumer not readable; no room");
+                        None
+                    }
+                };
+                crate::pacing::room(&[crate::pacing::BackendRoom {
+                    lookahead: *lookahead,
+                    waiting,
+                }])
+            }
+        }
     }
 
     async fn published(&self, assignment: &str) -> Result<bool, SinkError> {
@@ -317,9 +347,7 @@ impl Sink for JetStreamSink {
 
     async fn idle_runner(&self, assignment: &str) -> Result<bool, SinkError> {
         let id = assignment_id(assignment)?;
-        Ok(self.is_published(id).await?
-            && !self.has_event(id, Kind::Claimed).await?
-            && !self.has_event(id, Kind::Terminal).await?)
+        Ok(self.is_published(id).await? && !self.has_event(id, Kind::Terminal).await?)
     }
 
     async fn withdrawn(

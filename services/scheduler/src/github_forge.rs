@@ -7,26 +7,22 @@
 //! leader resumes it from the saved cursor; a replica that shuts down deletes it.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use anyhow::Context as _;
+use jr_bus::Bus;
 use jr_bus::async_nats::jetstream::kv;
 use jr_bus::lease::Leadership;
-use jr_bus::{Bus, ConsumerSpec};
 use jr_config::{Config, GitHubConfig};
 use jr_github::guard::Guard;
 use jr_github::{Credentials, Listener, RetryPolicy, ScaleSetClient, Settings};
 use jr_placement::TrustLevel;
-use jr_protocol::{BackendName, STREAM_ASSIGNMENTS};
+use jr_protocol::BackendName;
 use tokio_util::sync::CancellationToken;
 
-use crate::github::JetStreamSink;
-use crate::pacing::{BackendRoom, room};
+use crate::github::{JetStreamSink, Room};
 use crate::seal::Sealer;
 
-/// How often the room is read from the worker consumer.
-const ROOM_EVERY: Duration = Duration::from_millis(200);
 /// The longest wait between two tries to reach the scale set.
 const MAX_DELAY: Duration = Duration::from_secs(30);
 
@@ -121,21 +117,12 @@ impl GitHubForge {
         owner: String,
         shutdown: CancellationToken,
     ) -> anyhow::Result<()> {
-        let room = Arc::new(AtomicUsize::new(0));
-        let reader = tokio::spawn(read_room(
-            bus.clone(),
-            self.backend.clone(),
-            self.lookahead,
-            room.clone(),
-            shutdown.clone(),
-        ));
         let name = self.entry.name.clone();
         while leadership.until_acting(&shutdown).await.is_some() {
             tracing::info!(forge = %name, scale_set = %self.entry.scale_set, "leading the GitHub scale set");
             let Some(scale_set) = self.scale_set(&shutdown).await? else {
                 break;
             };
-            let shown = room.clone();
             let listener = Listener {
                 client: self.client.clone(),
                 scale_set,
@@ -151,7 +138,9 @@ impl GitHubForge {
                     forge: name.clone(),
                     backend: self.backend.clone(),
                     max_duration: self.max_duration,
-                    room: Arc::new(move || shown.load(Ordering::Relaxed)),
+                    room: Room::Backend {
+                        lookahead: self.lookahead,
+                    },
                 },
             };
             let stop = shutdown.child_token();
@@ -176,7 +165,6 @@ impl GitHubForge {
                 }
             }
         }
-        reader.abort();
         Ok(())
     }
 
@@ -212,35 +200,6 @@ impl GitHubForge {
                 () = tokio::time::sleep(delay) => {}
             }
             delay = (delay * 2).min(MAX_DELAY);
-        }
-    }
-}
-
-/// Keeps `room` at the backend's lookahead less the assignments waiting for its worker (no
-/// room when the worker's consumer cannot be read), as the Gitea fetchers pace.
-async fn read_room(
-    bus: Bus,
-    backend: BackendName,
-    lookahead: usize,
-    room_now: Arc<AtomicUsize>,
-    shutdown: CancellationToken,
-) {
-    let durable = ConsumerSpec::worker_assignments(&backend).durable;
-    while !shutdown.is_cancelled() {
-        let waiting = match bus.consumer_info(STREAM_ASSIGNMENTS, &durable).await {
-            Ok(counts) => Some(counts.num_pending),
-            Err(error) => {
-                tracing::debug!(%backend, %error, "worker consumer not readable; no room");
-                None
-            }
-        };
-        room_now.store(
-            room(&[BackendRoom { lookahead, waiting }]),
-            Ordering::Relaxed,
-        );
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            () = tokio::time::sleep(ROOM_EVERY) => {}
         }
     }
 }

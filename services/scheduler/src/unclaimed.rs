@@ -123,7 +123,10 @@ impl Unclaimed {
         let mut found: HashMap<AssignmentId, (i64, BackendName, u32)> = HashMap::new();
         let filters: Vec<String> = backends.iter().map(subject::assignments_of).collect();
         for (_, envelope) in replay(bus, STREAM_ASSIGNMENTS, filters, since).await? {
-            if let Message::Assignment(a) = &envelope.message {
+            // A GitHub job has no Gitea task to keep alive: GitHub keeps it while it waits.
+            if let Message::Assignment(a) = &envelope.message
+                && !a.is_github()
+            {
                 found.insert(
                     envelope.assignment_id,
                     (a.forge_task_id, a.backend.clone(), envelope.attempt),

@@ -71,6 +71,14 @@ async fn only_the_attempts_executor_gets_its_runner_config() {
     assert_eq!(body["jit_config"], "eyJqaXQiOiJjb25maWctb2Yt7001");
     assert_eq!(body["runner_name"], format!("jr-{}-1", id.0.simple()));
     assert_eq!(cache.as_deref(), Some("no-store"));
+    // The executor has its credential: the attempt is claimed, as by a FetchTask.
+    assert_eq!(
+        h.ledger.record(id).expect("record").claimed_by.as_deref(),
+        Some("token")
+    );
+    // Asked again (a lost answer), the same executor gets the same config.
+    let (status, again, _) = ask(&h, id, TOKEN).await;
+    assert_eq!((status, &again["jit_config"]), (200, &body["jit_config"]));
 
     // Another token, or another assignment's executor, gets nothing.
     let (status, body, _) = ask(&h, id, "someone-elses-token").await;
@@ -79,6 +87,7 @@ async fn only_the_attempts_executor_gets_its_runner_config() {
     let (status, body, _) = ask(&h, other, TOKEN).await;
     assert_eq!(status, 401, "{body}");
     assert!(!body.to_string().contains("config-of"), "{body}");
+    assert_eq!(h.ledger.record(other).expect("record").claimed_by, None);
 
     // A Gitea assignment has no runner config.
     let gitea = add_assignment(&h, 7003, Some("gitea-token"));

@@ -161,7 +161,7 @@ async fn github_jobs_become_sealed_assignments_claimed_and_final_once() {
             forge: FORGE.into(),
             backend: pod(),
             max_duration: Duration::from_secs(3600),
-            room: Arc::new(|| 10),
+            room: jr_scheduler::github::Room::Fixed(10),
         },
     };
 

@@ -32,7 +32,9 @@ pub struct SinkError(pub String);
 /// ignored, not an error: an error would hold the message forever.
 pub trait Sink: Send + Sync {
     /// How many more jobs the backends can start soon.
-    fn room(&self) -> usize;
+    /// Read when it is needed (before each poll and for each message), so that assignments
+    /// just published count against it at once.
+    fn room(&self) -> impl Future<Output = usize> + Send;
     /// Whether the assignment `assignment` is already published (its runner config with it).
     fn published(&self, assignment: &str) -> impl Future<Output = Result<bool, SinkError>> + Send;
     /// The open assignment (published, not final) that holds `job`, if any.
@@ -71,8 +73,8 @@ pub trait Sink: Send + Sync {
         &self,
         job: &JobFacts,
     ) -> impl Future<Output = Result<Option<String>, SinkError>> + Send;
-    /// Whether `assignment` is published and neither claimed nor final: its runner has not
-    /// taken a job.
+    /// Whether `assignment` is published and not final: its runner may not have taken a job
+    /// (GitHub's answer to removing it decides).
     fn idle_runner(&self, assignment: &str)
     -> impl Future<Output = Result<bool, SinkError>> + Send;
     /// The idle runner of `assignment` was removed from the service because `job` ended (or
@@ -206,8 +208,8 @@ impl<S: Sink> Listener<S> {
 
     /// The most runners the listener can run now, announced to the service: the jobs it holds
     /// and the room the backends have, at most `max_capacity`.
-    fn capacity(&self, state: &ListenerState) -> u32 {
-        let open = state.tracked().len().saturating_add(self.sink.room());
+    async fn capacity(&self, state: &ListenerState) -> u32 {
+        let open = state.tracked().len().saturating_add(self.sink.room().await);
         u32::try_from(open)
             .unwrap_or(u32::MAX)
             .min(self.max_capacity)
@@ -270,9 +272,13 @@ impl<S: Sink> Listener<S> {
         let mut state = ListenerState::new(&self.forge, Default::default());
         let mut delay = Duration::from_millis(200);
         loop {
+            let capacity = tokio::select! {
+                () = stop.cancelled() => break,
+                capacity = self.capacity(&state) => capacity,
+            };
             let polled = tokio::select! {
                 () = stop.cancelled() => break,
-                polled = session.next_message(self.capacity(&state)) => polled,
+                polled = session.next_message(capacity) => polled,
             };
             // A session opened again after an eviction is saved at once.
             if session.id() != saved_session {
@@ -297,7 +303,8 @@ impl<S: Sink> Listener<S> {
             };
             delay = Duration::from_millis(200);
             let before = state.clone();
-            let actions = state.on_message(&message, self.sink.room());
+            let room = self.sink.room().await;
+            let actions = state.on_message(&message, room);
             // Stopping mid-message is safe: the message is not deleted, every action repeats.
             let done = tokio::select! {
                 () = stop.cancelled() => break,
@@ -435,11 +442,12 @@ impl<S: Sink> Listener<S> {
         Ok(())
     }
 
-    /// Removes the runner made for `assignment` if it has no job: `false` when it has one.
+    /// Removes the runner made for `assignment` if it never had a job: `false` when it has one
+    /// now (`JobStillRunningException`) or had one (an ephemeral runner is gone after its job).
     async fn remove_idle_runner(&self, assignment: &str) -> Result<bool, GitHubError> {
         let name = runner_name(assignment, 1);
         let Some(runner) = self.client.runner_by_name(&name).await? else {
-            return Ok(true);
+            return Ok(false);
         };
         match self.client.remove_runner(runner.id).await {
             Ok(_) => Ok(true),
@@ -451,7 +459,7 @@ impl<S: Sink> Listener<S> {
     /// Asks for offered jobs there is room for now; a failure leaves them offered.
     async fn acquire_offered(&self, session: &mut MessageSession, state: &mut ListenerState) {
         let before = state.clone();
-        if let Some(action) = state.on_room(self.sink.room())
+        if let Some(action) = state.on_room(self.sink.room().await)
             && let Err(error) = self.perform(session, state, vec![action]).await
         {
             tracing::warn!(%error, "acquiring offered jobs failed; they stay offered");

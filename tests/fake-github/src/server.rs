@@ -439,6 +439,11 @@ impl FakeGitHub {
         self.world().jobs.get(&request_id).cloned()
     }
 
+    /// The most jobs assigned to `scale_set` or running on it at once so far.
+    pub fn peak_open(&self, scale_set: i64) -> usize {
+        self.world().peak_open.get(&scale_set).copied().unwrap_or(0)
+    }
+
     /// Every job, oldest first.
     pub fn jobs(&self) -> Vec<crate::Job> {
         self.world().jobs.values().cloned().collect()

@@ -136,6 +136,8 @@ pub struct World {
     pub acquire_step: bool,
     /// Most jobs one acquire call grants (fewer than asked when lower).
     pub acquire_limit: Option<usize>,
+    /// Per scale set: the most jobs assigned to it or running on it at once.
+    pub peak_open: BTreeMap<i64, usize>,
 }
 
 /// Times a job is assigned before it stays cancelled (a runner never started each time).
@@ -250,6 +252,18 @@ impl World {
         job.assignments += 1;
         let message = Self::job_message(job, "JobAssigned", json!({}));
         self.push(set, message);
+        let open = self
+            .jobs
+            .values()
+            .filter(|j| match j.state {
+                JobState::Assigned { scale_set } | JobState::Running { scale_set, .. } => {
+                    scale_set == set
+                }
+                _ => false,
+            })
+            .count();
+        let peak = self.peak_open.entry(set).or_default();
+        *peak = (*peak).max(open);
     }
 
     pub fn enqueue(&mut self, spec: JobSpec) -> i64 {

@@ -93,7 +93,7 @@ impl std::ops::Deref for Shared {
 }
 
 impl Sink for Shared {
-    fn room(&self) -> usize {
+    async fn room(&self) -> usize {
         let ledger = self.ledger();
         let open = ledger.assignments.len() - ledger.finals.len();
         self.capacity.load(Ordering::SeqCst).saturating_sub(open)
@@ -168,9 +168,7 @@ impl Sink for Shared {
 
     async fn idle_runner(&self, assignment: &str) -> Result<bool, SinkError> {
         let ledger = self.ledger();
-        Ok(ledger.assignments.contains_key(assignment)
-            && !ledger.claims.contains_key(assignment)
-            && !ledger.finals.contains_key(assignment))
+        Ok(ledger.assignments.contains_key(assignment) && !ledger.finals.contains_key(assignment))
     }
 
     async fn withdrawn(

@@ -88,6 +88,8 @@ pub struct ChaosConfig {
     pub gap: (Duration, Duration),
     /// Longest outage of a service, NATS or Postgres.
     pub max_down: Duration,
+    /// The kinds of fault drawn ([`Action::KINDS`] by default).
+    pub kinds: Vec<&'static str>,
 }
 
 impl ChaosConfig {
@@ -97,6 +99,7 @@ impl ChaosConfig {
             duration,
             gap: (Duration::from_millis(1500), Duration::from_millis(4000)),
             max_down: Duration::from_secs(3),
+            kinds: Action::KINDS.to_vec(),
         }
     }
 }
@@ -174,7 +177,10 @@ impl Chaos {
                 .map(|_| None),
         );
         let mut kinds: Vec<(&str, Option<&'static str>)> = Vec::new();
-        let mut others = Action::KINDS.iter().filter(|k| **k != "kill-service");
+        let allowed = config.kinds.clone();
+        let mut others = Action::KINDS
+            .iter()
+            .filter(|k| **k != "kill-service" && allowed.contains(k));
         for service in first {
             match service {
                 Some(service) => kinds.push(("kill-service", Some(service))),
@@ -186,14 +192,17 @@ impl Chaos {
             }
         }
         kinds.shuffle(&mut rng);
-        let weighted: [(&str, u32); 6] = [
+        let weighted: Vec<(&str, u32)> = [
             ("kill-service", 30),
             ("restart-nats", 8),
             ("restart-postgres", 8),
             ("evict-pod", 22),
             ("fail-sandbox", 16),
             ("cancel-task", 16),
-        ];
+        ]
+        .into_iter()
+        .filter(|(k, _)| allowed.contains(k))
+        .collect();
         let mut schedule = Vec::new();
         let mut at = between(&mut rng, config.gap.0, config.gap.1);
         while at < config.duration {

@@ -102,6 +102,8 @@ pub struct SystemSpec {
     pub github: bool,
     /// The backend the GitHub scale set's runners run on (`pod` or `vm`).
     pub github_backend: &'static str,
+    /// `[[github]] max_runners` (default: the backend's capacity plus its lookahead).
+    pub github_max_runners: Option<u32>,
 }
 
 impl Default for SystemSpec {
@@ -139,6 +141,7 @@ impl Default for SystemSpec {
             runtime_threads: 1,
             github: false,
             github_backend: "pod",
+            github_max_runners: None,
         }
     }
 }
@@ -417,8 +420,11 @@ impl System {
         };
         let github_toml = match &github_url {
             Some(api) => format!(
-                "\n[[github]]\nname = \"gh\"\nurl = \"https://github.com/acme\"\napi_url = \"{api}\"\nbackend = \"{}\"\npat = \"{GITHUB_PAT}\"\n",
-                spec.github_backend
+                "\n[[github]]\nname = \"gh\"\nurl = \"https://github.com/acme\"\napi_url = \"{api}\"\nbackend = \"{}\"\npat = \"{GITHUB_PAT}\"\n{}",
+                spec.github_backend,
+                spec.github_max_runners
+                    .map(|n| format!("max_runners = {n}\n"))
+                    .unwrap_or_default()
             ),
             None => String::new(),
         };
@@ -731,6 +737,32 @@ impl System {
             }
         }
         Ok(v)
+    }
+
+    /// Every message about GitHub assignments on the bus, one line each, for failure reports.
+    pub async fn github_ledger_dump(&self) -> anyhow::Result<String> {
+        let js =
+            jr_bus::async_nats::jetstream::new(jr_bus::async_nats::connect(self.nats.url()).await?);
+        let (assignments, _) =
+            crate::consistency::read_stream(&js, jr_protocol::STREAM_ASSIGNMENTS).await?;
+        let ours: HashSet<jr_protocol::AssignmentId> = assignments
+            .iter()
+            .filter(
+                |(_, e)| matches!(&e.message, jr_protocol::Message::Assignment(a) if a.is_github()),
+            )
+            .map(|(_, e)| e.assignment_id)
+            .collect();
+        let (events, _) = crate::consistency::read_stream(&js, jr_protocol::STREAM_EVENTS).await?;
+        let mut out = String::new();
+        for (seq, e) in assignments.iter().chain(events.iter()) {
+            if ours.contains(&e.assignment_id) {
+                out.push_str(&format!(
+                    "{seq} {} {} {:?}\n",
+                    e.assignment_id, e.attempt, e.message
+                ));
+            }
+        }
+        Ok(out)
     }
 
     /// Queues `n` jobs with `runs-on: [label]`; `vars` steer the fake executor (JR_FAKE_*).

@@ -8,25 +8,42 @@ use std::time::Duration;
 
 use jr_scenarios::{System, SystemSpec};
 
+/// The failure with what explains it: the GitHub side's state, the ledger's GitHub messages,
+/// the executors' last lines and the services' logs (kept in full under /tmp).
+async fn failure(
+    system: &mut System,
+    touched: &HashSet<i64>,
+    e: impl std::fmt::Display,
+) -> anyhow::Error {
+    let kept = jr_scenarios::chaos::keep_logs(system, "github")
+        .map(|d| d.display().to_string())
+        .unwrap_or_default();
+    let ledger = system.github_ledger_dump().await.unwrap_or_default();
+    let executors = system.executor_log();
+    let tail: Vec<&str> = executors.lines().rev().take(40).collect();
+    anyhow::anyhow!(
+        "{e}\nGitHub: {:#?}\nGitHub ledger:\n{ledger}\nexecutors (last lines first):\n{}\n{}\nfull logs in {kept}",
+        system.github_violations(touched),
+        tail.join("\n"),
+        system.logs()
+    )
+}
+
 /// Waits for both forges' jobs to end and for the workloads to go, then checks every invariant:
 /// each job final once with its runner's result, capacity kept, no runner, workload or Secret
 /// left, and no runner config readable on the bus.
 async fn finish_and_check(system: &mut System, touched: &HashSet<i64>) -> anyhow::Result<()> {
+    let gitea_jobs = !system.forge.snapshot().jobs.is_empty();
     let waited = async {
-        system.wait_all_final(Duration::from_secs(180)).await?;
+        if gitea_jobs {
+            system.wait_all_final(Duration::from_secs(180)).await?;
+        }
         system.wait_github_final(Duration::from_secs(180)).await?;
         system.wait_no_workloads(Duration::from_secs(90)).await
     }
     .await;
     if let Err(e) = waited {
-        let executors = system.executor_log();
-        let tail: Vec<&str> = executors.lines().rev().take(40).collect();
-        anyhow::bail!(
-            "{e}\nGitHub: {:#?}\nexecutors (last lines first):\n{}\n{}",
-            system.github_violations(touched),
-            tail.join("\n"),
-            system.logs()
-        );
+        return Err(failure(system, touched, e).await);
     }
     let mut violations = system.violations();
     violations.extend(system.github_violations(touched));
@@ -68,5 +85,194 @@ async fn github_and_gitea_jobs_side_by_side_finish_once_and_leave_nothing_behind
         "{starts} GitHub runner starts for {} jobs:\n{log}",
         jobs.len() - cancelled.len()
     );
+    Ok(())
+}
+
+/// The scale set id of the harness's `[[github]]` entry.
+fn scale_set(system: &System) -> i64 {
+    system
+        .github
+        .as_ref()
+        .and_then(|g| g.scale_set_by_name("jetrunner"))
+        .map(|(id, _)| id)
+        .expect("the listener made its scale set")
+}
+
+/// Pacing as on Gitea: the listener announces as its capacity the jobs it holds plus the room
+/// the backend has (its lookahead less the assignments waiting for a slot), so GitHub never
+/// has more jobs assigned to the scale set than the backend can run plus its lookahead, even
+/// with a `max_runners` far above that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn github_assigns_no_more_jobs_than_capacity_and_lookahead() -> anyhow::Result<()> {
+    let (capacity, lookahead) = (3, 2);
+    let mut system = System::start(SystemSpec {
+        pod_capacity: capacity,
+        lookahead,
+        github: true,
+        github_max_runners: Some(100),
+        ..Default::default()
+    })
+    .await?;
+    let jobs = system.enqueue_github(20);
+    finish_and_check(&mut system, &HashSet::new()).await?;
+    let peak = system
+        .github
+        .as_ref()
+        .expect("github")
+        .peak_open(scale_set(&system));
+    assert!(
+        peak <= capacity + lookahead,
+        "{peak} jobs assigned to the scale set at once; capacity {capacity} + lookahead {lookahead}"
+    );
+    assert_eq!(jobs.len(), 20);
+    Ok(())
+}
+
+/// HA: two replicas of every service. The scheduler replica leading the GitHub listener is
+/// killed with SIGKILL in the middle; the other takes the lease over and resumes the message
+/// session from the saved cursor, and every invariant holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn github_jobs_survive_the_leading_scheduler_killed() -> anyhow::Result<()> {
+    let mut system = System::start(SystemSpec {
+        pod_capacity: 4,
+        vm_capacity: 3,
+        github: true,
+        standbys: true,
+        ..Default::default()
+    })
+    .await?;
+    let mut jobs = system.enqueue_github(8);
+    system.enqueue("pod", 4, &[("JR_FAKE_DURATION_MS", "300")]);
+    system.enqueue("vm", 2, &[("JR_FAKE_DURATION_MS", "300")]);
+    let github = system.github.clone().expect("github");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while github
+        .jobs()
+        .iter()
+        .filter(|j| matches!(j.state, jr_fake_github::JobState::Completed { .. }))
+        .count()
+        < 3
+    {
+        if tokio::time::Instant::now() > deadline {
+            return Err(failure(
+                &mut system,
+                &HashSet::new(),
+                "fewer than 3 GitHub jobs finished",
+            )
+            .await);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The leader holds the session; which replica leads is whoever took the lease first.
+    let session_before = github.session(scale_set(&system));
+    for name in ["scheduler", "scheduler-b"] {
+        let leads = system
+            .service(name)
+            .map(|p| {
+                std::fs::read_to_string(p.log_path())
+                    .unwrap_or_default()
+                    .contains("leading the GitHub scale set")
+            })
+            .unwrap_or(false);
+        if leads {
+            system.service(name).expect("scheduler").kill9();
+            break;
+        }
+    }
+    jobs.extend(system.enqueue_github(8));
+    finish_and_check(&mut system, &HashSet::new()).await?;
+    // The new leader resumed the session the killed one left (no second session, no 409 loop).
+    assert_eq!(
+        github.session(scale_set(&system)),
+        session_before,
+        "the message session was not resumed"
+    );
+    assert_eq!(jobs.len(), 16);
+    Ok(())
+}
+
+/// The chaos suite's service, NATS and PostgreSQL faults while GitHub jobs arrive in waves:
+/// every job final once with its runner's result, no runner, workload or runner config left
+/// behind. Pod evictions and sandbox failures are not drawn: the fake GitHub does not model a
+/// runner lost in the middle of a job (see docs/github.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn github_jobs_under_chaos_keep_every_invariant() -> anyhow::Result<()> {
+    use jr_scenarios::chaos::{Chaos, ChaosConfig, SERVICES, keep_logs, seed_from_env};
+    let seed = seed_from_env();
+    println!("chaos seed {seed} (replay with JR_CHAOS_SEED={seed})");
+    let mut system = System::start(SystemSpec {
+        pod_capacity: 5,
+        vm_capacity: 3,
+        github: true,
+        claim_timeout: Duration::from_secs(15),
+        keepalive: Duration::from_secs(5),
+        ..Default::default()
+    })
+    .await?;
+    let mut config = ChaosConfig::new(seed, Duration::from_secs(40));
+    config.kinds = vec!["kill-service", "restart-nats", "restart-postgres"];
+    let mut chaos = Chaos::new(config);
+    let mut waves = 0u32;
+    let mut jobs = Vec::new();
+    let run = chaos
+        .run(&mut system, |system, elapsed| {
+            while waves < 6 && elapsed >= Duration::from_secs(5) * waves {
+                jobs.extend(system.enqueue_github(6));
+                waves += 1;
+            }
+        })
+        .await;
+    let settled = match run {
+        Ok(()) => chaos.settle(&mut system, Duration::from_secs(60)).await,
+        Err(e) => Err(e),
+    };
+    let checked = match settled {
+        Ok(()) => finish_and_check(&mut system, &HashSet::new()).await,
+        Err(e) => Err(e),
+    };
+    if let Err(e) = checked {
+        let kept = keep_logs(&system, &format!("github-chaos-{seed}"))
+            .map(|d| d.display().to_string())
+            .unwrap_or_default();
+        anyhow::bail!("{e}\n{}\nlogs kept in {kept}", chaos.log());
+    }
+    for service in SERVICES {
+        assert!(
+            chaos.killed(service) > 0,
+            "{service} was never killed\n{}",
+            chaos.log()
+        );
+    }
+    for kind in ["restart-nats", "restart-postgres"] {
+        assert!(chaos.count(kind) > 0, "no {kind}\n{}", chaos.log());
+    }
+    assert_eq!(jobs.len(), 36);
+    Ok(())
+}
+
+/// Warm executors wait for Gitea jobs; GitHub jobs never go to them (each needs the runner made
+/// for it) and run in Pods of their own next to them, and the warm ones are still there, idle,
+/// at the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn github_jobs_run_next_to_warm_executors_without_taking_them() -> anyhow::Result<()> {
+    let mut system = System::start(SystemSpec {
+        pod_capacity: 4,
+        vm_capacity: 3,
+        github: true,
+        warm_idle: 1,
+        ..Default::default()
+    })
+    .await?;
+    let jobs = system.enqueue_github(8);
+    system.enqueue("pod", 4, &[("JR_FAKE_DURATION_MS", "300")]);
+    system.enqueue("vm", 2, &[("JR_FAKE_DURATION_MS", "300")]);
+    finish_and_check(&mut system, &HashSet::new()).await?;
+    // Every GitHub job ran in a Pod made for a GitHub assignment (attempt 1), none in a warm one.
+    let starts = system
+        .executor_log()
+        .lines()
+        .filter(|l| l.contains("starting the GitHub runner"))
+        .count();
+    assert_eq!(starts, jobs.len(), "GitHub runner starts");
     Ok(())
 }

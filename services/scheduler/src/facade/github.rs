@@ -37,8 +37,9 @@ pub(crate) async fn runner_config<L: Ledger>(
             )
             .into_response();
         }
-        Ok(Authenticated::Ready { view, .. }) => view,
+        Ok(Authenticated::Ready { view, executor }) => (view, executor),
     };
+    let (view, executor) = view;
     if !facade.call_rate.admit(view.id, std::time::Instant::now()) {
         bump(&facade.counters.rate_limited);
         return RpcError::new(
@@ -65,6 +66,14 @@ pub(crate) async fn runner_config<L: Ledger>(
                 .into_response();
         }
     };
+    // The executor has its one-shot credential: the once-only claim, as a FetchTask that
+    // hands out a Gitea task. A claim already there is this attempt's own (its executor asked
+    // again after a lost answer); the reconciler's claim timeout stops at the first.
+    if let Err(err) = facade.ledger.publish_claimed(&view, &executor).await {
+        tracing::warn!(assignment = %view.id, error = %err, "publishing claimed failed; the executor asks again");
+        return RpcError::new(Code::Unavailable, "the claim could not be recorded; retry")
+            .into_response();
+    }
     tracing::info!(assignment = %view.id, attempt = view.attempt, runner = %task.runner_name, "runner config handed out");
     let body = serde_json::json!({"runner_name": task.runner_name, "jit_config": task.jit_config});
     let mut response = (
