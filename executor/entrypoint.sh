@@ -13,7 +13,7 @@
 # needed): the executor's credentials fetch the attempt's just-in-time runner config from the
 # facade, and GitHub's runner starts with it (config in ACTIONS_RUNNER_INPUT_JITCONFIG, never on
 # a command line). The runner then talks to GitHub directly and exits after its one job.
-#   EXECUTOR_ACTIONS_RUNNER  the runner's run.sh (default /home/runner/actions-runner/run.sh)
+#   EXECUTOR_ACTIONS_RUNNER  the runner's run.sh (default /opt/actions-runner/run.sh)
 #
 # Image knobs (set by the image or the runner block's `env`):
 #   EXECUTOR_RUNNER        act_runner (default) | forgejo-runner
@@ -91,7 +91,7 @@ state_dir=${EXECUTOR_STATE_DIR:-/data}
 
 # GitHub: ask the facade for the runner config, then become GitHub's runner.
 if [ "$forge" = github ]; then
-  actions_runner=${EXECUTOR_ACTIONS_RUNNER:-/home/runner/actions-runner/run.sh}
+  actions_runner=${EXECUTOR_ACTIONS_RUNNER:-/opt/actions-runner/run.sh}
   [ -x "$actions_runner" ] || fail "EXECUTOR_ACTIONS_RUNNER '$actions_runner' is not an executable file (is this the image's actions-runner target?)"
   command -v curl >/dev/null 2>&1 || fail "curl is needed to fetch the runner config from the facade"
   mkdir -p "$state_dir" 2>/dev/null || fail "cannot create EXECUTOR_STATE_DIR '$state_dir'"

@@ -474,3 +474,49 @@ async fn forgejo_one_job_fetches_exactly_once() {
     assert_eq!(r.fetches, 1, "one-job fetches once");
     assert!(r.result.is_none());
 }
+
+#[test]
+fn github_mode_needs_no_labels_but_a_runner_and_refuses_what_it_cannot_use() {
+    let c = Container::new();
+    let github = |extra: &[(&str, &str)], drop: &[&str]| -> Vec<(String, String)> {
+        let mut env: Vec<(String, String)> = c
+            .env()
+            .into_iter()
+            .filter(|(k, _)| k != "JETRUNNER_LABELS" && !drop.contains(&k.as_str()))
+            .collect();
+        env.push(("JETRUNNER_FORGE".into(), "github".into()));
+        env.extend(
+            extra
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+        );
+        env
+    };
+    // No runner where EXECUTOR_ACTIONS_RUNNER points: refused before any call to the facade.
+    let missing = c.dir.path().join("nowhere/run.sh");
+    let run = c.run(&github(
+        &[("EXECUTOR_ACTIONS_RUNNER", &missing.display().to_string())],
+        &[],
+    ));
+    assert_eq!(run.code, Some(EX_CONFIG), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("EXECUTOR_ACTIONS_RUNNER"),
+        "{}",
+        run.stderr
+    );
+    assert!(!run.stderr.contains("JETRUNNER_LABELS"), "{}", run.stderr);
+    // The executor's credentials are still required.
+    let run = c.run(&github(&[], &["JETRUNNER_RUNNER_TOKEN"]));
+    assert_eq!(run.code, Some(EX_CONFIG), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("JETRUNNER_RUNNER_TOKEN"),
+        "{}",
+        run.stderr
+    );
+    // An unknown forge kind is refused.
+    let mut env = c.env();
+    env.push(("JETRUNNER_FORGE".into(), "gitlab".into()));
+    let run = c.run(&env);
+    assert_eq!(run.code, Some(EX_CONFIG), "{}", run.stderr);
+    assert!(run.stderr.contains("JETRUNNER_FORGE"), "{}", run.stderr);
+}

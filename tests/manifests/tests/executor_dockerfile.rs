@@ -91,6 +91,15 @@ struct Runner {
     binary: &'static str,
 }
 
+/// GitHub's runner: a directory, not one binary (see
+/// `the_github_target_runs_the_checked_actions_runner`).
+const ACTIONS_RUNNER: Runner = Runner {
+    prefix: "ACTIONS_RUNNER",
+    download_stage: "actions-runner-download",
+    final_stage: "actions-runner",
+    binary: "actions-runner",
+};
+
 const RUNNERS: [Runner; 2] = [
     Runner {
         prefix: "ACT_RUNNER",
@@ -109,7 +118,7 @@ const RUNNERS: [Runner; 2] = [
 #[test]
 fn each_runner_release_is_pinned_with_a_checksum_per_architecture() {
     let all = dockerfile();
-    for r in RUNNERS {
+    for r in RUNNERS.into_iter().chain([ACTIONS_RUNNER]) {
         let version = arg_default(&all, r.download_stage, &format!("{}_VERSION", r.prefix))
             .unwrap_or_else(|| panic!("{}_VERSION has a default", r.prefix));
         assert!(
@@ -146,7 +155,7 @@ fn each_runner_release_is_pinned_with_a_checksum_per_architecture() {
 #[test]
 fn each_download_is_verified_before_it_is_installed_and_never_unchecked() {
     let all = dockerfile();
-    for r in RUNNERS {
+    for r in RUNNERS.into_iter().chain([ACTIONS_RUNNER]) {
         let runs: Vec<&Instruction> = all
             .iter()
             .filter(|i| i.stage == r.download_stage && i.keyword == "RUN")
@@ -258,11 +267,41 @@ fn both_targets_run_the_entrypoint_with_their_runner_and_act_runner_is_the_defau
 }
 
 #[test]
+fn the_github_target_runs_the_checked_actions_runner() {
+    let all = dockerfile();
+    let stage: Vec<&Instruction> = all
+        .iter()
+        .filter(|i| i.stage == ACTIONS_RUNNER.final_stage)
+        .collect();
+    assert!(
+        stage
+            .iter()
+            .any(|i| i.keyword == "FROM" && i.args.starts_with("runtime ")),
+        "actions-runner builds on the shared runtime (the entrypoint is its ENTRYPOINT)"
+    );
+    assert!(
+        stage.iter().any(|i| i.keyword == "COPY"
+            && i.args == "--from=actions-runner-download /out/actions-runner /opt/actions-runner"),
+        "actions-runner installs the checked runner"
+    );
+    assert!(
+        stage.iter().any(|i| i.keyword == "ENV"
+            && i.args == "EXECUTOR_ACTIONS_RUNNER=/opt/actions-runner/run.sh"),
+        "the entrypoint is told where run.sh is"
+    );
+    let user = stage.iter().rev().find(|i| i.keyword == "USER");
+    assert!(
+        user.is_some_and(|u| !u.args.starts_with('0') && !u.args.starts_with("root")),
+        "the runner does not run as root: {user:?}"
+    );
+}
+
+#[test]
 fn the_docs_name_the_pinned_versions() {
     let all = dockerfile();
     let doc = read(&repo_root().join("docs/executor.md"));
     let readme = read(&repo_root().join("README.md"));
-    for r in RUNNERS {
+    for r in RUNNERS.into_iter().chain([ACTIONS_RUNNER]) {
         let version = arg_default(&all, r.download_stage, &format!("{}_VERSION", r.prefix))
             .unwrap_or_default();
         assert!(

@@ -274,3 +274,23 @@ fn selector_names_the_backend() {
         "app.kubernetes.io/managed-by=jetrunner,jetrunner.dev/backend=pod"
     );
 }
+
+#[test]
+fn a_github_job_tells_the_entrypoint_and_a_gitea_job_does_not() {
+    let block = RunnerBlock::from_value(&json!({"image": "exec:1"})).expect("block");
+    let forge_var = |spec: &WorkloadSpec| {
+        let pod = serde_json::to_value(build_objects(&block, spec).pod).expect("pod json");
+        pod["spec"]["containers"][0]["env"]
+            .as_array()
+            .expect("env list")
+            .iter()
+            .find(|v| v["name"] == "JETRUNNER_FORGE")
+            .map(|v| v["value"].clone())
+    };
+    assert_eq!(forge_var(&spec()), None);
+    let github = WorkloadSpec {
+        github: true,
+        ..spec()
+    };
+    assert_eq!(forge_var(&github), Some(json!("github")));
+}
