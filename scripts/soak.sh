@@ -2,7 +2,7 @@
 # Long runs kept out of CI: chaos with several fresh seeds, the issue-sized worker scenarios
 # (500 jobs), 50 scheduler kills between the forge's reply and the PubAck, repeated warm-executor
 # runs under kills, repeated runs of the two-replica HA scenario and of the three-node NATS
-# cluster scenario, and the worker's
+# cluster scenario, GitHub jobs under chaos for longer, and the worker's
 # property tests at 10,000 cases per property. Every seed used is printed, so a failure replays
 # with JR_CHAOS_SEED=<seed>.
 #
@@ -34,6 +34,12 @@ done
 PROPTEST_CASES=5000 cargo test -p jr-lease --test properties
 for _ in $(seq "${SOAK_HA_RUNS:-10}"); do
   cargo test -p jr-scenarios --test ha -- --test-threads=1 --nocapture
+done
+# GitHub jobs under chaos (every service killed, NATS and PostgreSQL restarted), longer runs
+# with fresh seeds.
+for _ in $(seq "${SOAK_GITHUB_RUNS:-5}"); do
+  JR_CHAOS_SEED=random JR_GITHUB_CHAOS_SECS=120 \
+    cargo test -p jr-scenarios --test github under_chaos -- --test-threads=1 --nocapture
 done
 # The three-node JetStream cluster: leader kills, a 20 s stall and a rolling restart, each run
 # with a fresh seed for the job mix.
