@@ -1,6 +1,11 @@
 //! The `fail-task` command: the reconciler decided a task's workload is lost. Unless the task is
 //! already terminal, mark it terminal (once-only, so an executor's late result and this command
 //! cannot both win), report the failure to the forge and publish `task-failed`.
+//!
+//! A GitHub runner reports to GitHub, so its workload may be gone before the listener has its
+//! job's end. The command then waits while GitHub holds the runner busy or the runner is gone
+//! after its job (that job's `JobCompleted` ends the assignment); a runner that never took a
+//! job is removed from GitHub and its assignment ends as `withdrawn`.
 
 use jr_bus::{Bus, Delivery, Disposition, PublishOnce};
 use jr_protocol::now_ms;
@@ -14,9 +19,17 @@ use crate::forge_report::report_failure;
 use crate::forges::Forges;
 use crate::seal::Sealer;
 
+/// The scale set clients of the `[[github]]` entries, by name.
+pub type GitHubClients = std::collections::BTreeMap<String, jr_github::ScaleSetClient>;
+
+/// How long a `fail-task` for a GitHub runner that took a job waits before looking again: the
+/// job's end comes from GitHub through the listener.
+const GITHUB_WAIT: Duration = Duration::from_secs(10);
+
 pub async fn handle(
     bus: &Bus,
     forges: &Forges,
+    github_clients: &GitHubClients,
     sealer: &Sealer,
     delivery: Delivery,
 ) -> Disposition {
@@ -39,7 +52,11 @@ pub async fn handle(
                     if a.forge_task_id == forge_task_id
                         && crate::redispatch::sealed_by(sealer, e).is_ok() =>
                 {
-                    Some(crate::github::is_github(&a.forge_instance))
+                    Some(
+                        a.forge_instance
+                            .strip_prefix(crate::github::FORGE_PREFIX)
+                            .map(str::to_owned),
+                    )
                 }
                 _ => None,
             });
@@ -56,16 +73,43 @@ pub async fn handle(
             return Disposition::Nak(Some(Duration::from_secs(2)));
         }
     };
-    // A GitHub runner's job is ended by GitHub itself when the runner is gone; jetrunner's
-    // ledger records the failure, and there is no Gitea task to report it to.
-    let forge = match (github, forges.client(&backend)) {
-        (true, _) => None,
-        (false, Some(forge)) => Some(forge),
-        (false, None) => {
-            return Disposition::Term(format!(
-                "fail-task for backend {backend}, which has no forge registration here"
-            ));
+    // A GitHub runner reports to GitHub, not to the facade: a workload that exited after its
+    // job may have its terminal still on the way from the listener. Only a runner that never
+    // took a job is failed here; the end of one that did comes from GitHub.
+    if let Some(name) = &github {
+        if let Some(wait) = github_runner_busy(bus, github_clients, name, &backend, id).await {
+            return wait;
         }
+        // The runner never took a job and is removed: its assignment ends as withdrawn (the
+        // job it was made for still runs on another runner), and there is no task to fail.
+        let withdrawn = Envelope::new(
+            format!("terminal:{id}:fail-task"),
+            now_ms(),
+            id,
+            envelope.attempt,
+            Message::Terminal(Terminal {
+                forge_task_id,
+                result: TaskResult::Cancelled,
+                source: TerminalSource::Withdrawn,
+                log_closed: true,
+                reason: Some(format!("runner lost before it took a job: {reason}")),
+            }),
+        );
+        return match bus
+            .publish_once(&subject::event(&backend, id, Kind::Terminal), &withdrawn)
+            .await
+        {
+            Ok(_) => Disposition::Ack,
+            Err(e) => {
+                tracing::warn!(assignment = %id, error = %e, "cannot publish terminal; retrying");
+                Disposition::Nak(Some(Duration::from_secs(2)))
+            }
+        };
+    }
+    let Some(forge) = forges.client(&backend) else {
+        return Disposition::Term(format!(
+            "fail-task for backend {backend}, which has no forge registration here"
+        ));
     };
     let terminal = Envelope::new(
         format!("terminal:{id}:fail-task"),
@@ -111,18 +155,16 @@ pub async fn handle(
             return Disposition::Nak(Some(Duration::from_secs(2)));
         }
     }
-    if let Some(forge) = forge {
-        match report_failure(forge, forge_task_id, std::slice::from_ref(&reason)).await {
-            Ok(result) => {
-                tracing::info!(assignment = %id, task = forge_task_id, ?result, %reason, "failure reported to the forge")
-            }
-            Err(e) if e.is_retryable() => {
-                tracing::warn!(assignment = %id, error = %e, "forge unavailable; retrying fail-task");
-                return Disposition::Nak(Some(Duration::from_secs(5)));
-            }
-            Err(e) => {
-                tracing::warn!(assignment = %id, error = %e, "forge refused the failure report; the task stays failed here")
-            }
+    match report_failure(forge, forge_task_id, std::slice::from_ref(&reason)).await {
+        Ok(result) => {
+            tracing::info!(assignment = %id, task = forge_task_id, ?result, %reason, "failure reported to the forge")
+        }
+        Err(e) if e.is_retryable() => {
+            tracing::warn!(assignment = %id, error = %e, "forge unavailable; retrying fail-task");
+            return Disposition::Nak(Some(Duration::from_secs(5)));
+        }
+        Err(e) => {
+            tracing::warn!(assignment = %id, error = %e, "forge refused the failure report; the task stays failed here")
         }
     }
     let failed = Envelope::new(
@@ -143,6 +185,59 @@ pub async fn handle(
         Err(e) => {
             tracing::warn!(assignment = %id, error = %e, "cannot publish task-failed; retrying");
             Disposition::Nak(Some(Duration::from_secs(2)))
+        }
+    }
+}
+
+/// For the `fail-task` of GitHub runner assignment `id` of forge `name`: `None` when the
+/// failure may be recorded now (the runner never took a job, and is removed from GitHub so it
+/// cannot take one), else what to do with the command: done when the assignment is final, or
+/// wait while GitHub still holds the runner busy or the runner is gone after its job (its
+/// `JobCompleted` ends the assignment).
+async fn github_runner_busy(
+    bus: &Bus,
+    clients: &GitHubClients,
+    name: &str,
+    backend: &jr_protocol::BackendName,
+    id: jr_protocol::AssignmentId,
+) -> Option<Disposition> {
+    match bus
+        .last_on_subject(STREAM_EVENTS, &subject::event(backend, id, Kind::Terminal))
+        .await
+    {
+        Ok(Some(_)) => return Some(Disposition::Ack),
+        Ok(None) => {}
+        Err(e) => {
+            tracing::warn!(assignment = %id, error = %e, "cannot read the terminal; retrying fail-task");
+            return Some(Disposition::Nak(Some(Duration::from_secs(2))));
+        }
+    }
+    let Some(client) = clients.get(name) else {
+        tracing::warn!(assignment = %id, forge = name, "fail-task for a GitHub forge this scheduler does not run; waiting");
+        return Some(Disposition::Nak(Some(GITHUB_WAIT)));
+    };
+    let runner = jr_github::listener::runner_name(&id.0.simple().to_string(), 1);
+    let wait = |why: &str| {
+        tracing::info!(assignment = %id, %runner, why, "fail-task waits for GitHub's end of the runner's job");
+        Some(Disposition::Nak(Some(GITHUB_WAIT)))
+    };
+    match client.runner_by_name(&runner).await {
+        // An ephemeral runner is gone after its job: the job's end is on its way.
+        Ok(None) => wait("the runner is gone after its job"),
+        Ok(Some(found)) => match client.remove_runner(found.id).await {
+            Ok(_) => {
+                tracing::info!(assignment = %id, %runner, "removed the lost workload's idle runner");
+                None
+            }
+            Err(e) if e.is_exception("JobStillRunningException") => wait("the runner has a job"),
+            Err(e) => {
+                tracing::warn!(assignment = %id, error = %e, "cannot remove the runner; retrying fail-task");
+                Some(Disposition::Nak(Some(Duration::from_secs(5))))
+            }
+        },
+        Err(e) => {
+            tracing::warn!(assignment = %id, error = %e, "cannot look the runner up; retrying fail-task");
+            Some(Disposition::Nak(Some(Duration::from_secs(5))))
         }
     }
 }

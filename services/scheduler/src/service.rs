@@ -115,6 +115,13 @@ pub async fn run(
     let sealer = Arc::new(sealer_from_config(&config)?);
     let tls = tls_from_config(&config)?;
     let commands = ConsumerSpec::scheduler_commands();
+    let github_forges = crate::github_forge::GitHubForge::from_config(&config)?;
+    let github_clients: Arc<crate::fail_task::GitHubClients> = Arc::new(
+        github_forges
+            .iter()
+            .map(|f| (f.entry.name.clone(), f.client.clone()))
+            .collect(),
+    );
     bus.ensure_topology_retrying(
         &Topology::new()
             .replicas(config.nats.stream_replicas)
@@ -257,20 +264,25 @@ pub async fn run(
     {
         let (b, forges, stop) = (bus.clone(), forges.clone(), shutdown.clone());
         let sealer = dispatcher.sealer.clone();
+        let github_clients = github_clients.clone();
         tasks.spawn("fail-task consumer", async move {
             let handler_bus = b.clone();
             b.run_consumer(
                 &commands,
                 move |d| {
-                    let (bus, forges, sealer) =
-                        (handler_bus.clone(), forges.clone(), sealer.clone());
+                    let (bus, forges, sealer, github) = (
+                        handler_bus.clone(),
+                        forges.clone(),
+                        sealer.clone(),
+                        github_clients.clone(),
+                    );
                     async move {
                         // Commands to the scheduler: redispatch, anything else is fail-task's.
                         match d.envelope.kind() {
                             jr_protocol::Kind::Redispatch => {
                                 crate::redispatch::handle(&bus, &sealer, d).await
                             }
-                            _ => crate::fail_task::handle(&bus, &forges, &sealer, d).await,
+                            _ => crate::fail_task::handle(&bus, &forges, &github, &sealer, d).await,
                         }
                     }
                 },
@@ -288,7 +300,7 @@ pub async fn run(
         });
     }
     // Each `[[github]]` entry: a scale set listener on the replica holding its lease.
-    for forge in crate::github_forge::GitHubForge::from_config(&config)? {
+    for forge in github_forges {
         let name = forge.entry.name.clone();
         let leadership = jr_bus::lease::spawn_lease(
             jr_bus::lease::LeaseSpec {

@@ -617,7 +617,16 @@ async fn fail_task_reports_failure_once_and_respects_an_existing_terminal() {
                 move |d| {
                     let (bus, forges, sealer) =
                         (handler_bus.clone(), forges.clone(), sealer.clone());
-                    async move { jr_scheduler::fail_task::handle(&bus, &forges, &sealer, d).await }
+                    async move {
+                        jr_scheduler::fail_task::handle(
+                            &bus,
+                            &forges,
+                            &Default::default(),
+                            &sealer,
+                            d,
+                        )
+                        .await
+                    }
                 },
                 ConsumerOptions::default(),
                 stop,
