@@ -11,7 +11,12 @@ use jr_bus::testing::NatsCluster;
 use jr_bus::{Bus, PublishOnce, Topology};
 use jr_protocol::STREAM_EVENTS;
 
-async fn cluster_and_bus() -> (NatsCluster, Bus) {
+/// One three-node cluster at a time: three tests of this binary each starting nine processes at
+/// once on a small machine made a node miss its start-up deadline.
+static ONE_CLUSTER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+async fn cluster_and_bus() -> (tokio::sync::MutexGuard<'static, ()>, NatsCluster, Bus) {
+    let serial = ONE_CLUSTER.lock().await;
     let (cluster, _users) = NatsCluster::start_with_users(&[pod()])
         .await
         .expect("three nats-servers start");
@@ -25,12 +30,12 @@ async fn cluster_and_bus() -> (NatsCluster, Bus) {
     })
     .await
     .expect("R3 topology");
-    (cluster, bus)
+    (serial, cluster, bus)
 }
 
 #[tokio::test]
 async fn r3_streams_survive_the_loss_of_their_leader() {
-    let (mut cluster, bus) = cluster_and_bus().await;
+    let (_serial, mut cluster, bus) = cluster_and_bus().await;
     let info = bus
         .jetstream()
         .get_stream(STREAM_EVENTS)
@@ -106,7 +111,7 @@ async fn r3_streams_survive_the_loss_of_their_leader() {
 
 #[tokio::test]
 async fn consumer_and_meta_leaders_are_found_and_move_when_killed() {
-    let (mut cluster, bus) = cluster_and_bus().await;
+    let (_serial, mut cluster, bus) = cluster_and_bus().await;
     let meta = cluster
         .wait_for_meta_leader(Duration::from_secs(20))
         .await
@@ -150,7 +155,7 @@ async fn consumer_and_meta_leaders_are_found_and_move_when_killed() {
 async fn a_lease_on_an_r3_bucket_is_held_again_soon_after_the_bucket_leader_dies() {
     use jr_bus::async_nats::jetstream::kv;
     use jr_bus::lease::{LeaseSpec, spawn_lease};
-    let (mut cluster, bus) = cluster_and_bus().await;
+    let (_serial, mut cluster, bus) = cluster_and_bus().await;
     let store = bus
         .jetstream()
         .create_key_value(kv::Config {
