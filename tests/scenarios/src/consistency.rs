@@ -26,47 +26,15 @@ pub async fn read_stream(
     js: &jetstream::Context,
     stream: &str,
 ) -> anyhow::Result<(Vec<(u64, Envelope)>, u64)> {
-    let handle = js
-        .get_stream(stream)
-        .await
-        .with_context(|| format!("stream {stream}"))?;
-    let info = handle
-        .get_info()
-        .await
-        .with_context(|| format!("info of {stream}"))?;
-    let last = info.state.last_sequence;
     let mut out = Vec::new();
     let mut undecodable = 0;
-    if info.state.messages == 0 {
-        return Ok((out, undecodable));
-    }
-    let consumer = handle
-        .create_consumer(jetstream::consumer::pull::OrderedConfig {
-            deliver_policy: jetstream::consumer::DeliverPolicy::All,
-            ..Default::default()
-        })
-        .await
-        .with_context(|| format!("ordered consumer on {stream}"))?;
-    let mut messages = consumer.messages().await?;
-    loop {
-        let next = tokio::time::timeout(Duration::from_secs(10), messages.next())
-            .await
-            .with_context(|| format!("{stream}: no message after {} of {last}", out.len()))?;
-        let message = next
-            .with_context(|| format!("{stream}: ordered consumer ended"))?
-            .map_err(|e| anyhow::anyhow!("{stream}: {e}"))?;
-        let seq = message
-            .info()
-            .map_err(|e| anyhow::anyhow!("message info: {e}"))?
-            .stream_sequence;
-        match jr_protocol::decode(&message.payload) {
+    for (seq, payload) in raw_messages(js, stream).await? {
+        match jr_protocol::decode(&payload) {
             Ok(envelope) => out.push((seq, envelope)),
             Err(_) => undecodable += 1,
         }
-        if seq >= last {
-            return Ok((out, undecodable));
-        }
     }
+    Ok((out, undecodable))
 }
 
 /// The names of every stream on the server (jetrunner's and the KV buckets').
@@ -79,9 +47,12 @@ pub async fn stream_names(js: &jetstream::Context) -> anyhow::Result<Vec<String>
     Ok(out)
 }
 
-/// Every message body of `stream` (headers left out), from the first up to the stream's last
-/// sequence at the time of the call.
-pub async fn raw_payloads(js: &jetstream::Context, stream: &str) -> anyhow::Result<Vec<Vec<u8>>> {
+/// Every message body of `stream` (headers left out) with its sequence, from the first up to
+/// the stream's last sequence at the time of the call.
+pub async fn raw_messages(
+    js: &jetstream::Context,
+    stream: &str,
+) -> anyhow::Result<Vec<(u64, Vec<u8>)>> {
     let handle = js
         .get_stream(stream)
         .await
@@ -93,6 +64,16 @@ pub async fn raw_payloads(js: &jetstream::Context, stream: &str) -> anyhow::Resu
     let last = info.state.last_sequence;
     let mut out = Vec::new();
     if info.state.messages == 0 {
+        return Ok(out);
+    }
+    // A work-queue stream (JR_COMMANDS) takes no ordered consumer: its messages are read one
+    // by one (a sequence acknowledged since is gone).
+    if info.config.retention == jetstream::stream::RetentionPolicy::WorkQueue {
+        for seq in info.state.first_sequence..=last {
+            if let Ok(message) = handle.get_raw_message(seq).await {
+                out.push((seq, message.payload.to_vec()));
+            }
+        }
         return Ok(out);
     }
     let consumer = handle
@@ -114,7 +95,7 @@ pub async fn raw_payloads(js: &jetstream::Context, stream: &str) -> anyhow::Resu
             .info()
             .map_err(|e| anyhow::anyhow!("message info: {e}"))?;
         let (seq, pending) = (info.stream_sequence, info.pending);
-        out.push(message.payload.to_vec());
+        out.push((seq, message.payload.to_vec()));
         // The last sequence may be gone (a key's older revision, an expired lease).
         if seq >= last || pending == 0 {
             return Ok(out);

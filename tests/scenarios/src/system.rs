@@ -313,6 +313,26 @@ fn in_process_pod_runner(clients: ExecutorClients) -> jr_fake_kube::PodRunner {
     })
 }
 
+/// The messages about GitHub assignments: their assignments, then their events, with their
+/// stream sequences.
+async fn github_messages(
+    js: &jr_bus::async_nats::jetstream::Context,
+) -> anyhow::Result<Vec<(u64, jr_protocol::Envelope)>> {
+    let (assignments, _) =
+        crate::consistency::read_stream(js, jr_protocol::STREAM_ASSIGNMENTS).await?;
+    let ours: HashSet<jr_protocol::AssignmentId> = assignments
+        .iter()
+        .filter(|(_, e)| matches!(&e.message, jr_protocol::Message::Assignment(a) if a.is_github()))
+        .map(|(_, e)| e.assignment_id)
+        .collect();
+    let (events, _) = crate::consistency::read_stream(js, jr_protocol::STREAM_EVENTS).await?;
+    Ok(assignments
+        .into_iter()
+        .chain(events)
+        .filter(|(_, e)| ours.contains(&e.assignment_id))
+        .collect())
+}
+
 impl System {
     pub async fn start(spec: SystemSpec) -> anyhow::Result<System> {
         let _ = rustls::crypto::ring::default_provider().install_default();
@@ -688,20 +708,9 @@ impl System {
         let mut v = Vec::new();
         let js =
             jr_bus::async_nats::jetstream::new(jr_bus::async_nats::connect(self.nats.url()).await?);
-        let (assignments, _) =
-            crate::consistency::read_stream(&js, jr_protocol::STREAM_ASSIGNMENTS).await?;
-        let ours: HashSet<jr_protocol::AssignmentId> = assignments
-            .iter()
-            .filter(
-                |(_, e)| matches!(&e.message, jr_protocol::Message::Assignment(a) if a.is_github()),
-            )
-            .map(|(_, e)| e.assignment_id)
-            .collect();
-        let (events, _) = crate::consistency::read_stream(&js, jr_protocol::STREAM_EVENTS).await?;
         let mut finals: BTreeMap<i64, usize> = BTreeMap::new();
-        for (_, e) in &events {
+        for (_, e) in github_messages(&js).await? {
             if let jr_protocol::Message::Terminal(t) = &e.message
-                && ours.contains(&e.assignment_id)
                 && t.source != jr_protocol::TerminalSource::Withdrawn
             {
                 *finals.entry(t.forge_task_id).or_default() += 1;
@@ -724,7 +733,7 @@ impl System {
             .map(|r| r.encoded_jit_config)
             .collect();
         for stream in crate::consistency::stream_names(&js).await? {
-            for payload in crate::consistency::raw_payloads(&js, &stream).await? {
+            for (_, payload) in crate::consistency::raw_messages(&js, &stream).await? {
                 if let Some(secret) = secrets
                     .iter()
                     .find(|s| payload.windows(s.len()).any(|w| w == s.as_bytes()))
@@ -743,26 +752,11 @@ impl System {
     pub async fn github_ledger_dump(&self) -> anyhow::Result<String> {
         let js =
             jr_bus::async_nats::jetstream::new(jr_bus::async_nats::connect(self.nats.url()).await?);
-        let (assignments, _) =
-            crate::consistency::read_stream(&js, jr_protocol::STREAM_ASSIGNMENTS).await?;
-        let ours: HashSet<jr_protocol::AssignmentId> = assignments
+        Ok(github_messages(&js)
+            .await?
             .iter()
-            .filter(
-                |(_, e)| matches!(&e.message, jr_protocol::Message::Assignment(a) if a.is_github()),
-            )
-            .map(|(_, e)| e.assignment_id)
-            .collect();
-        let (events, _) = crate::consistency::read_stream(&js, jr_protocol::STREAM_EVENTS).await?;
-        let mut out = String::new();
-        for (seq, e) in assignments.iter().chain(events.iter()) {
-            if ours.contains(&e.assignment_id) {
-                out.push_str(&format!(
-                    "{seq} {} {} {:?}\n",
-                    e.assignment_id, e.attempt, e.message
-                ));
-            }
-        }
-        Ok(out)
+            .map(|(seq, e)| format!("{seq} {} {} {:?}\n", e.assignment_id, e.attempt, e.message))
+            .collect())
     }
 
     /// Queues `n` jobs with `runs-on: [label]`; `vars` steer the fake executor (JR_FAKE_*).
