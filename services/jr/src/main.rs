@@ -11,6 +11,8 @@
 //! - `jr status`, `jr job ID|TASK`, `jr quarantine list` read the reconciler's status API
 //!   (`--status-url`, `JR_STATUS_URL`): slots and queues per backend and provider, one job's
 //!   timeline, the quarantined messages. Each prints text, or the API's JSON with `--json`.
+//!   `jr status` also shows each intake (forge registration) of the scheduler: the labels it
+//!   declares, and per backend whether its work is taken or why it waits at the forge.
 //!
 //! Options (`--server`, `--user`, `--password`, `--status-url`, `--forge`, `--json`) are
 //! accepted anywhere on the command line, before or after the subcommand and its arguments.
@@ -70,7 +72,8 @@ enum Command {
         #[command(subcommand)]
         action: ProviderAction,
     },
-    /// Slots, queue and states per backend and provider, the burst switch, quarantine count.
+    /// Slots, queue and states per backend and provider, the burst switch, quarantine count,
+    /// the scheduler's intakes.
     Status,
     /// One job's timeline: an assignment id, or a forge task id with `--forge`.
     Job {
@@ -136,11 +139,12 @@ async fn status(options: &Options) -> anyhow::Result<()> {
     if options.json {
         return print_json(&body);
     }
-    print!("{}", render_status(&body));
+    print!("{}", render_status(&body, jr_protocol::now_ms()));
     Ok(())
 }
 
-fn render_status(body: &serde_json::Value) -> String {
+/// `now_ms` places the intakes' times: a time of day alone when it is today's (UTC).
+fn render_status(body: &serde_json::Value, now_ms: u64) -> String {
     use std::fmt::Write;
     let mut out = String::new();
     let empty = Vec::new();
@@ -198,7 +202,120 @@ fn render_status(body: &serde_json::Value) -> String {
         "quarantined messages: {}",
         body["quarantined"].as_u64().unwrap_or(0)
     );
+    render_intakes(&mut out, body, now_ms);
     out
+}
+
+/// Why a registration takes no work for a backend, in an operator's words (the status page
+/// says the same).
+fn blocked_reason(blocked: &str) -> &str {
+    match blocked {
+        "full" => "full: lookahead in use, jobs wait at the forge",
+        "no-worker" => "no live worker",
+        "unreachable" => "state unknown (NATS)",
+        // A reason a newer scheduler knows: its own word.
+        other => other,
+    }
+}
+
+fn render_intakes(out: &mut String, body: &serde_json::Value, now_ms: u64) {
+    use std::fmt::Write;
+    if let Some(error) = body["intakes_error"].as_str() {
+        let _ = writeln!(out, "intakes: cannot read JR_INTAKES: {error}");
+    }
+    // An older reconciler sends no intakes: nothing to say then.
+    let Some(intakes) = body["intakes"].as_array() else {
+        return;
+    };
+    if intakes.is_empty() {
+        let _ = writeln!(
+            out,
+            "intakes: none recorded (no scheduler has written JR_INTAKES yet)"
+        );
+    }
+    let text = |v: &serde_json::Value| v.as_str().unwrap_or("?").to_owned();
+    let count = |v: &serde_json::Value| v.as_u64().map_or("?".to_owned(), |n| n.to_string());
+    for i in intakes {
+        let labels: Vec<String> = i["declared_labels"]
+            .as_array()
+            .map(|l| l.iter().map(text).collect())
+            .unwrap_or_default();
+        let fetching = if i["fetching"].as_bool() == Some(true) {
+            "fetching"
+        } else {
+            "not fetching"
+        };
+        let stale = if i["stale"].as_bool() == Some(true) {
+            format!(
+                " — STALE: last written {} by {}, its scheduler stopped",
+                clock(i["updated_at_ms"].as_u64().unwrap_or(0), now_ms),
+                text(&i["replica"])
+            )
+        } else {
+            String::new()
+        };
+        let _ = writeln!(
+            out,
+            "intake {} ({}, {}): {fetching}, declares [{}]{stale}",
+            text(&i["registration"]),
+            text(&i["forge"]),
+            text(&i["layout"]),
+            labels.join(", ")
+        );
+        for b in i["backends"].as_array().into_iter().flatten() {
+            let counts = format!(
+                "room {}, waiting {}",
+                count(&b["room"]),
+                count(&b["waiting"])
+            );
+            let state = match b["blocked"].as_str() {
+                None => format!("taking work ({counts})"),
+                Some(blocked) => format!(
+                    "blocked — {} since {} ({counts})",
+                    blocked_reason(blocked),
+                    clock(b["since_ms"].as_u64().unwrap_or(0), now_ms)
+                ),
+            };
+            let declared = if b["declared"].as_bool() == Some(false) {
+                ", labels not declared"
+            } else {
+                ""
+            };
+            let _ = writeln!(out, "  {}: {state}{declared}", text(&b["backend"]));
+        }
+    }
+}
+
+/// `at_ms` as UTC `HH:MM:SS`, with the date in front unless it is `now_ms`'s day.
+fn clock(at_ms: u64, now_ms: u64) -> String {
+    const DAY_MS: u64 = 86_400_000;
+    let secs = at_ms % DAY_MS / 1000;
+    let time = format!(
+        "{:02}:{:02}:{:02} UTC",
+        secs / 3600,
+        secs % 3600 / 60,
+        secs % 60
+    );
+    if at_ms / DAY_MS == now_ms / DAY_MS {
+        return time;
+    }
+    let (year, month, day) = civil_date(at_ms / DAY_MS);
+    format!("{year:04}-{month:02}-{day:02} {time}")
+}
+
+/// The proleptic Gregorian date `days` after 1970-01-01 (H. Hinnant's `civil_from_days`), so
+/// `jr` needs no calendar crate for one date.
+fn civil_date(days: u64) -> (u64, u64, u64) {
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z % 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    (year, month, day)
 }
 
 /// The assignment id of `job`: a UUID as given, or a forge task id on `forge`.
@@ -548,9 +665,26 @@ mod tests {
                           "provider_capacity": {"east": 3},
                           "oldest_wait_secs": 12.34}],
             "quarantined": 5,
-            "burst": {"value": "on:30", "enabled": true, "percent": 30, "invalid": false}
+            "burst": {"value": "on:30", "enabled": true, "percent": 30, "invalid": false},
+            "intakes": [{"registration": "shared", "forge": "gitea", "layout": "shared",
+                         "declared_labels": ["vm"], "fetching": true, "replica": "scheduler_1",
+                         "updated_at_ms": 1_709_294_590_000_u64, "stale": false,
+                         "backends": [
+                             {"backend": "pod", "blocked": "no-worker", "room": 0, "waiting": 3,
+                              "declared": false, "since_ms": 1_709_294_584_000_u64},
+                             {"backend": "vm", "blocked": null, "room": 2, "waiting": 0,
+                              "declared": true, "since_ms": 1_709_251_200_000_u64}]},
+                        {"registration": "vm", "forge": "forgejo", "layout": "per-backend",
+                         "declared_labels": ["vm", "vm-large"], "fetching": false,
+                         "replica": "scheduler_0", "updated_at_ms": 1_709_164_800_000_u64,
+                         "stale": true,
+                         "backends": [{"backend": "vm", "blocked": "full", "room": 0,
+                                       "waiting": 4, "declared": true,
+                                       "since_ms": 1_709_164_000_000_u64}]}]
         });
-        let text = render_status(&status);
+        // 2024-03-01 12:03:30 UTC.
+        let now = 1_709_294_610_000;
+        let text = render_status(&status, now);
         assert!(
             text.contains("backend pod: 3 of 4 slots used, 7 waiting"),
             "{text}"
@@ -561,6 +695,41 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("quarantined messages: 5"), "{text}");
+        assert!(
+            text.contains("intake shared (gitea, shared): fetching, declares [vm]\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "  pod: blocked — no live worker since 12:03:04 UTC (room 0, waiting 3), labels not declared\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("  vm: taking work (room 2, waiting 0)\n"),
+            "{text}"
+        );
+        // A record from another day carries its date; a stale one says its scheduler stopped.
+        assert!(
+            text.contains(
+                "intake vm (forgejo, per-backend): not fetching, declares [vm, vm-large] — STALE: last written 2024-02-29 00:00:00 UTC by scheduler_0"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("  vm: blocked — full: lookahead in use, jobs wait at the forge since 2024-02-28 23:46:40 UTC (room 0, waiting 4)\n"),
+            "{text}"
+        );
+        let unreadable = render_status(
+            &serde_json::json!({"backends": [], "intakes_error": "key-value bucket JR_INTAKES: timed out"}),
+            now,
+        );
+        assert!(
+            unreadable.contains(
+                "intakes: cannot read JR_INTAKES: key-value bucket JR_INTAKES: timed out"
+            ),
+            "{unreadable}"
+        );
         let timeline = serde_json::json!({"assignment": "a", "timeline": [
             {"at": 1000, "attempt": 1, "step": "fetched", "detail": null},
             {"at": 3500, "attempt": 1, "step": "claimed", "detail": "token"}]});

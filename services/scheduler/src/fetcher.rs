@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use jr_bus::Bus;
 use jr_bus::lease::Leadership;
-use jr_bus::{Bus, ConsumerSpec};
 use jr_config::ForgeFlavor;
 use jr_forge::proto::runner::v1::{FetchTaskRequest, Task};
 use jr_protocol::{
@@ -22,9 +22,12 @@ use rand::Rng;
 use sha2::Digest as _;
 use tokio_util::sync::CancellationToken;
 
+use crate::declaration::{Condition, Declarer};
 use crate::forge_report::report_failure;
 use crate::forges::{Forges, Registration};
-use crate::pacing::{BackendRoom, TasksVersion, room};
+use crate::intakes::{IntakeBoard, Observation};
+use crate::pacing::{BackendRoom, TasksVersion};
+use crate::presence::WorkerPresence;
 use crate::request_key::RequestKeys;
 use crate::routing::{Placed, Router, forge_context, job_facts};
 use crate::seal::{SealScope, Sealer};
@@ -57,6 +60,10 @@ pub struct Dispatcher {
     /// fetches (a single replica, tests).
     pub leases: BTreeMap<String, Leadership>,
     pub stats: DispatchStats,
+    /// Whether each backend's worker lives (read from its capacity record).
+    pub presence: WorkerPresence,
+    /// What each registration fetches, and why not (logs, metric, `/readyz`, `JR_INTAKES`).
+    pub intakes: Arc<IntakeBoard>,
 }
 
 #[derive(Debug, Default)]
@@ -70,6 +77,8 @@ pub struct DispatchStats {
     pub takeovers: AtomicU64,
     /// Fetch decisions skipped because no backend of the registration had room.
     pub paused: AtomicU64,
+    /// Declares that changed a shared registration's labels.
+    pub declares: AtomicU64,
     /// Most FetchTask calls in flight at once under one registration (always 1 here; the
     /// figure proves it).
     pub max_in_flight: AtomicU64,
@@ -170,17 +179,23 @@ impl Dispatcher {
 
     /// Routes, seals and publishes one task; returns once it is durable in JetStream (or was
     /// reported to the forge as unroutable), or when shutdown fires.
+    /// `taking`: the backends taking work now; a job without `runs-on` (which the forge hands
+    /// to any runner) goes to the first of them in routing order.
     pub async fn dispatch(
         &self,
         registration: &Registration,
         task: Task,
+        taking: &[BackendName],
         shutdown: &CancellationToken,
     ) {
         let facts = job_facts(task.workflow_payload.as_deref());
         let context = forge_context(task.context.as_ref());
-        let routed = self
-            .router
-            .place(registration.own_backend.as_ref(), &facts.runs_on, &context);
+        let routed = self.router.place_preferring(
+            registration.own_backend.as_ref(),
+            &facts.runs_on,
+            &context,
+            taking,
+        );
         let forge = &registration.client;
         match routed {
             Ok(Placed { backend, reason }) => {
@@ -369,25 +384,111 @@ impl Dispatcher {
             delay = (delay * 2).min(Duration::from_secs(10));
         }
     }
-    /// Room for new tasks over the backends `registration` fetches for, read from the
-    /// worker consumers' pending counts.
-    pub async fn room(&self, registration: &Registration) -> usize {
-        let mut backends = Vec::with_capacity(registration.backends.len());
+    /// Each backend `registration` fetches for, as the bus shows it now.
+    pub async fn readings(
+        &self,
+        registration: &Registration,
+    ) -> Vec<(BackendName, crate::presence::Reading)> {
+        let mut out = Vec::with_capacity(registration.backends.len());
         for backend in &registration.backends {
-            let durable = ConsumerSpec::worker_assignments(backend).durable;
-            let waiting = match self.bus.consumer_info(STREAM_ASSIGNMENTS, &durable).await {
-                Ok(counts) => Some(counts.num_pending),
-                Err(e) => {
-                    tracing::debug!(%backend, error = %e, "worker consumer not readable; no room");
-                    None
-                }
-            };
-            backends.push(BackendRoom {
+            let waiting = crate::presence::waiting(&self.bus, backend).await;
+            let worker = self.presence.worker(&self.bus, backend).await;
+            let room = BackendRoom {
                 lookahead: self.lookahead.get(backend).copied().unwrap_or(2),
                 waiting,
-            });
+            };
+            out.push((backend.clone(), crate::presence::Reading { room, worker }));
         }
-        room(&backends)
+        out
+    }
+
+    /// How many tasks `registration` may take now. A shared registration first declares the
+    /// labels of the backends taking work when they changed (see [`crate::declaration`]);
+    /// `declared` is then true and the caller decides again before fetching. Reports the
+    /// decision to the intake board.
+    async fn decide(
+        &self,
+        registration: &Registration,
+        declarer: Option<&mut Declarer>,
+        taking: &mut Vec<BackendName>,
+    ) -> (usize, bool) {
+        let readings = self.readings(registration).await;
+        let conditions: BTreeMap<BackendName, Condition> = readings
+            .iter()
+            .map(|(b, r)| (b.clone(), r.room.condition(r.worker)))
+            .collect();
+        taking.clear();
+        taking.extend(
+            conditions
+                .iter()
+                .filter(|(_, c)| c.room() > 0)
+                .map(|(b, _)| b.clone()),
+        );
+        let mut declared_now = false;
+        let (room, labels, reaches): (usize, Vec<String>, Vec<bool>) = match declarer {
+            None => {
+                let room = conditions.values().map(|c| c.room()).min().unwrap_or(0);
+                let labels = registration
+                    .own_backend
+                    .as_ref()
+                    .map(|b| self.router.labels_of(b).to_vec())
+                    .unwrap_or_else(|| self.router.declared_labels().to_vec());
+                (room, labels, vec![true; readings.len()])
+            }
+            Some(declarer) => {
+                let now = Instant::now();
+                let step = declarer.step(&self.router, &conditions, now);
+                let mut room = step.room;
+                if let Some(declare) = step.declare {
+                    room = 0;
+                    declared_now = true;
+                    let request = jr_forge::proto::runner::v1::DeclareRequest {
+                        version: crate::registration::RUNNER_VERSION.to_owned(),
+                        labels: declare.labels.clone(),
+                        ..Default::default()
+                    };
+                    let before = declarer.declared_labels().to_vec();
+                    match registration.client.declare(&request).await {
+                        Ok(_) => {
+                            if before != declare.labels {
+                                self.stats.declares.fetch_add(1, Ordering::Relaxed);
+                                tracing::info!(
+                                    registration = %registration.name,
+                                    labels = ?declare.labels,
+                                    before = ?before,
+                                    "declared the labels of the backends taking work"
+                                );
+                            }
+                            declarer.declared(&self.router, declare.labels, Instant::now());
+                        }
+                        Err(e) => {
+                            // Nothing is fetched until the forge has the labels wanted.
+                            declared_now = false;
+                            declarer.failed(Instant::now());
+                            tracing::warn!(
+                                registration = %registration.name,
+                                labels = ?declare.labels,
+                                error = %e,
+                                "declaring labels failed; fetching waits and the Declare is retried"
+                            );
+                        }
+                    }
+                }
+                let reaches = readings.iter().map(|(b, _)| declarer.reaches(b)).collect();
+                (room, declarer.declared_labels().to_vec(), reaches)
+            }
+        };
+        self.intakes.observe(&Observation {
+            registration: &registration.name,
+            backends: readings
+                .iter()
+                .zip(reaches)
+                .map(|((b, r), declared)| (b.clone(), conditions[b], r.room.waiting, declared))
+                .collect(),
+            declared_labels: &labels,
+            room,
+        });
+        (room, declared_now)
     }
 }
 
@@ -454,6 +555,10 @@ async fn fetch_loop(
     // tasks and read again after any fetch that does not (or a pause), which bounds what a
     // redispatch can add to one backend's waiting assignments.
     let mut budget = 0_usize;
+    // A registration serving several backends declares only the labels of those taking work.
+    let mut declarer = (registration.backends.len() > 1)
+        .then(|| Declarer::new(&d.router, d.router.declared_labels().to_vec()));
+    let mut taking: Vec<BackendName> = Vec::new();
     let mut leadership = d
         .leases
         .get(&registration.name)
@@ -487,6 +592,9 @@ async fn fetch_loop(
                     keys = None;
                     version = TasksVersion::new(pacing.version_reset_interval);
                     budget = 0;
+                    // Another replica may have declared other labels meanwhile: apply ours.
+                    declarer = (registration.backends.len() > 1)
+                        .then(|| Declarer::new(&d.router, d.router.declared_labels().to_vec()));
                     if !d.leases.is_empty() {
                         d.stats.takeovers.fetch_add(1, Ordering::Relaxed);
                         match d
@@ -508,6 +616,7 @@ async fn fetch_loop(
             None => {
                 if term.take().is_some() {
                     tracing::warn!(registration = %registration.name, "lease lost: fetching stops");
+                    d.intakes.forget(&registration.name);
                 }
                 if leadership.until_acting(shutdown).await.is_none() {
                     return Ok(());
@@ -524,7 +633,17 @@ async fn fetch_loop(
             continue;
         }
         if budget == 0 {
-            budget = d.room(&registration).await;
+            let (room, declared) = d
+                .decide(&registration, declarer.as_mut(), &mut taking)
+                .await;
+            if declared {
+                // The forge's labels changed: the next fetch must not take the fast path on
+                // a version from before (jobs it now hands out did not bump it).
+                version = TasksVersion::new(pacing.version_reset_interval);
+                wait = Duration::ZERO;
+                continue;
+            }
+            budget = room;
         }
         let room = budget;
         if room == 0 {
@@ -600,7 +719,7 @@ async fn fetch_loop(
                     std::process::abort();
                 }
                 for task in tasks {
-                    d.dispatch(&registration, task, shutdown).await;
+                    d.dispatch(&registration, task, &taking, shutdown).await;
                 }
                 if shutdown.is_cancelled() {
                     return Ok(());

@@ -75,19 +75,13 @@ impl Forges {
         self.by_backend.get(backend)
     }
 
-    /// Registers (or reuses the credentials of) every runner the configured layout needs and
-    /// declares its labels.
     /// The names of the registrations `config` asks for (`shared`, or each enabled backend's).
     pub fn registration_names(config: &Config) -> Vec<String> {
-        match config.forge.layout() {
-            RegistrationLayout::Shared => vec!["shared".to_owned()],
-            RegistrationLayout::PerBackend => config
-                .enabled_backends()
-                .map(|(n, _)| n.to_string())
-                .collect(),
-        }
+        config.registration_names()
     }
 
+    /// Registers (or reuses the credentials of) every runner the configured layout needs and
+    /// declares its labels.
     /// `shared`: per registration name, where replicas share registered credentials (none:
     /// only the credentials file).
     pub async fn establish(

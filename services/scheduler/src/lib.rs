@@ -4,6 +4,7 @@
 //! executor claims them; it hosts the facade executors talk to; and it executes `fail-task`
 //! commands.
 
+pub mod declaration;
 pub mod facade;
 pub mod fail_task;
 pub mod fetcher;
@@ -11,9 +12,11 @@ pub mod forge_report;
 pub mod forges;
 pub mod github;
 pub mod github_forge;
+pub mod intakes;
 pub mod ledger;
 pub mod metrics;
 pub mod pacing;
+pub mod presence;
 pub mod redispatch;
 pub mod registration;
 pub mod request_key;

@@ -126,6 +126,48 @@ impl<L: Ledger> Collector for SchedulerCollector<L> {
                 ConstGauge::new(i64::from(acting)).encode(family.encode_family(&labels)?)?;
             }
         }
+        {
+            let g = ConstGauge::new(0i64);
+            let mut family = e.encode_descriptor(
+                "scheduler_backend_blocked",
+                "1 while a registration fetches nothing for a backend, by reason (full, no-worker, unreachable); only on the replica fetching for the registration",
+                None,
+                g.metric_type(),
+            )?;
+            for intake in self.dispatcher.intakes.snapshot() {
+                for backend in &intake.backends {
+                    for reason in jr_bus::intake::Blocked::ALL {
+                        let labels = [
+                            ("registration", intake.registration.as_str()),
+                            ("backend", backend.backend.as_str()),
+                            ("reason", reason.as_str()),
+                        ];
+                        let value = i64::from(backend.blocked == Some(reason));
+                        ConstGauge::new(value).encode(family.encode_family(&labels)?)?;
+                    }
+                }
+            }
+        }
+        {
+            let g = ConstGauge::new(0i64);
+            let mut family = e.encode_descriptor(
+                "scheduler_registration_fetching",
+                "1 while a registration may take tasks from the forge (a backend it serves takes work), else 0",
+                None,
+                g.metric_type(),
+            )?;
+            for intake in self.dispatcher.intakes.snapshot() {
+                let labels = [("registration", intake.registration.as_str())];
+                ConstGauge::new(i64::from(intake.fetching))
+                    .encode(family.encode_family(&labels)?)?;
+            }
+        }
+        counter(
+            e,
+            "scheduler_label_declares",
+            "Declares that changed the labels of a shared registration (backends withdrawn or declared again)",
+            self.dispatcher.stats.declares.load(Ordering::Relaxed),
+        )?;
         let f = self.facade.stats();
         {
             let c = ConstCounter::new(0u64);

@@ -58,6 +58,48 @@ pub struct BackendRoom {
     pub waiting: Option<u64>,
 }
 
+/// Whether a worker replica of a backend lives, read from its capacity record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Worker {
+    /// A replica renewed its holding recently.
+    Live,
+    /// No replica renewed a holding within the grace (or none ever wrote one).
+    Gone,
+    /// The record could not be read.
+    Unknown,
+}
+
+/// How long after a worker's holding expires it still counts as live: a worker restarting
+/// (a rollout, a crash looping back) keeps its backend's labels declared meanwhile.
+pub const WORKER_GRACE: Duration = Duration::from_secs(4);
+
+/// Whether a replica in the capacity record `slots` may still be live at `now_ms` (the
+/// scheduler's clock): its last renewal plus its holding's lifetime plus [`WORKER_GRACE`],
+/// which also covers the clock skew between the worker and the scheduler.
+pub fn worker_lives(slots: &jr_lease::Slots, now_ms: u64) -> bool {
+    let grace = u64::try_from(WORKER_GRACE.as_millis()).unwrap_or(u64::MAX);
+    slots
+        .held
+        .values()
+        .any(|h| now_ms < h.renewed_at.saturating_add(h.ttl_ms).saturating_add(grace))
+}
+
+impl BackendRoom {
+    /// The backend as a registration's pacing sees it.
+    pub fn condition(&self, worker: Worker) -> crate::declaration::Condition {
+        use crate::declaration::Condition;
+        use jr_bus::intake::Blocked;
+        match (worker, self.waiting) {
+            (Worker::Gone, _) => Condition::Blocked(Blocked::NoWorker),
+            (Worker::Unknown, _) | (Worker::Live, None) => Condition::Blocked(Blocked::Unreachable),
+            (Worker::Live, Some(_)) => Condition::Room {
+                room: room(std::slice::from_ref(self)),
+                lookahead: self.lookahead,
+            },
+        }
+    }
+}
+
 /// How many tasks a registration may take now. For one backend: its lookahead not yet used by
 /// assignments waiting for a slot. A backend whose worker takes everything at once has nothing
 /// waiting, so it gets its full lookahead every time: fetching then runs at the pace the worker
@@ -123,6 +165,65 @@ mod tests {
         assert_eq!(v.to_send(t0 + Duration::from_secs(30)), 0);
         v.after_reply(0, 9, false);
         assert_eq!(v.to_send(t0 + Duration::from_secs(31)), 9);
+    }
+
+    #[test]
+    fn a_worker_lives_while_a_holding_is_renewed_within_its_lifetime_and_the_grace() {
+        use jr_lease::{Holding, Slots};
+        let holding = |renewed_at| Holding {
+            slots: 0,
+            renewed_at,
+            ttl_ms: 6_000,
+            owns: Default::default(),
+        };
+        let grace = WORKER_GRACE.as_millis() as u64;
+        let mut slots = Slots::default();
+        assert!(!worker_lives(&slots, 1_000), "no holding: no worker");
+        slots
+            .held
+            .insert("pod-worker_0000000a".into(), holding(10_000));
+        assert!(worker_lives(&slots, 10_000));
+        assert!(worker_lives(&slots, 16_000 + grace - 1));
+        assert!(!worker_lives(&slots, 16_000 + grace));
+        // A second replica still renewing keeps the backend live.
+        slots
+            .held
+            .insert("pod-worker_0000000b".into(), holding(30_000));
+        assert!(worker_lives(&slots, 33_000));
+    }
+
+    #[test]
+    fn a_backend_takes_work_only_with_a_live_worker_and_room() {
+        use crate::declaration::Condition;
+        use jr_bus::intake::Blocked;
+        let b = |waiting| BackendRoom {
+            lookahead: 2,
+            waiting,
+        };
+        assert_eq!(
+            b(Some(0)).condition(Worker::Live),
+            Condition::Room {
+                room: 2,
+                lookahead: 2
+            }
+        );
+        assert_eq!(
+            b(Some(5)).condition(Worker::Live).blocked(),
+            Some(Blocked::Full)
+        );
+        // Queued room for a stopped worker is not room.
+        assert_eq!(
+            b(Some(0)).condition(Worker::Gone),
+            Condition::Blocked(Blocked::NoWorker)
+        );
+        assert_eq!(
+            b(None).condition(Worker::Live),
+            Condition::Blocked(Blocked::Unreachable)
+        );
+        assert_eq!(
+            b(Some(0)).condition(Worker::Unknown),
+            Condition::Blocked(Blocked::Unreachable)
+        );
     }
 
     #[test]

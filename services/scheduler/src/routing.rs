@@ -87,6 +87,35 @@ impl Router {
         }
     }
 
+    /// Labels-only routing over `backends` (every one trusted, the default trust policy): the
+    /// rules and the default as configured, for tests of what depends on routing alone.
+    pub fn from_parts(
+        backends: Vec<(BackendName, Vec<String>)>,
+        rules: Vec<(String, BackendName)>,
+        default: Option<BackendName>,
+    ) -> Self {
+        let mut declared: Vec<String> = backends.iter().flat_map(|(_, l)| l.clone()).collect();
+        declared.sort();
+        declared.dedup();
+        let trust = backends
+            .iter()
+            .map(|(b, _)| (b.clone(), TrustLevel::Trusted))
+            .collect();
+        Self {
+            backends,
+            rules,
+            default,
+            declared,
+            trust,
+            policy: jr_config::TrustConfig::default().policy(),
+        }
+    }
+
+    /// Enabled backends with the labels each declares, in name order.
+    pub fn backends(&self) -> &[(BackendName, Vec<String>)] {
+        &self.backends
+    }
+
     /// Labels to `Declare` for one shared registration: the union over enabled backends.
     pub fn declared_labels(&self) -> &[String] {
         &self.declared
@@ -170,12 +199,29 @@ impl Router {
         labels: &[String],
         context: &ForgeContext,
     ) -> Result<Placed, PlaceError> {
+        self.place_preferring(own, labels, context, &[])
+    }
+
+    /// [`Router::place`], where a job without `runs-on` labels (which the forge hands to any
+    /// runner, whatever it declared) prefers the backends in `taking` (those taking work now),
+    /// in routing order: a shared registration never sends it to a backend it withdrew.
+    pub fn place_preferring(
+        &self,
+        own: Option<&BackendName>,
+        labels: &[String],
+        context: &ForgeContext,
+        taking: &[BackendName],
+    ) -> Result<Placed, PlaceError> {
         let candidates = match own {
             Some(own) => vec![self.route_fetched(own, labels)?],
             None => {
-                let c = self.candidates(labels);
+                let mut c = self.candidates(labels);
                 if c.is_empty() {
                     return Err(self.no_route(labels).into());
+                }
+                if labels.is_empty() {
+                    // Stable: routing order within each group.
+                    c.sort_by_key(|b| !taking.contains(b));
                 }
                 c
             }
@@ -398,6 +444,16 @@ opensandbox = {{ url = "http://o" }}
         );
         // An empty runs-on fits every runner: no rule label matches, the default decides.
         assert_eq!(r.route(&[]).map(|b| b.to_string()), Ok("pod".into()));
+        // ... unless the default takes no work now: then the first backend that does.
+        let vm = BackendName::new("vm").expect("name");
+        let placed = r
+            .place_preferring(None, &[], &forge_context(None), std::slice::from_ref(&vm))
+            .expect("placed");
+        assert_eq!(placed.backend, vm);
+        let placed = r
+            .place_preferring(None, &[], &forge_context(None), &[])
+            .expect("placed");
+        assert_eq!(placed.backend.as_str(), "pod");
     }
 
     #[test]

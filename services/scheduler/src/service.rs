@@ -18,9 +18,6 @@ use crate::routing::Router;
 use crate::seal::Sealer;
 use crate::unclaimed::Unclaimed;
 
-/// Readiness reporting hook (`/readyz`): `(check name, ready)`.
-pub type ReadyFn = Arc<dyn Fn(&'static str, bool) + Send + Sync>;
-
 /// The scheduler's parts that outlive `run` (for metrics and tests).
 pub struct Handles {
     pub dispatcher: Arc<Dispatcher>,
@@ -107,10 +104,11 @@ pub fn tls_from_config(config: &Config) -> anyhow::Result<Option<TlsSettings>> {
 pub async fn run(
     config: Config,
     bus: Bus,
-    ready: ReadyFn,
+    readiness: jr_telemetry::Readiness,
     metrics: Option<&jr_telemetry::Metrics>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    let ready = |check: &str, ok: bool| readiness.set(check, ok);
     let router = Router::from_config(&config);
     let sealer = Arc::new(sealer_from_config(&config)?);
     let tls = tls_from_config(&config)?;
@@ -203,6 +201,13 @@ pub async fn run(
         unclaimed_horizon: horizon,
         leases,
         stats: Default::default(),
+        presence: Default::default(),
+        intakes: Arc::new(crate::intakes::IntakeBoard::new(
+            config.forge.flavor.as_str(),
+            config.forge.layout().as_str(),
+            &me,
+            Some(readiness.clone()),
+        )),
     });
     let token_keys = token_keys_from_config(&config)?;
     let mode: crate::facade::AuthMode = config.facade.mode.into();
@@ -253,6 +258,13 @@ pub async fn run(
         let (f, stop) = (facade.clone(), shutdown.clone());
         tasks.spawn("facade", async move {
             serve(listener, f, tls, async move { stop.cancelled().await }).await
+        });
+    }
+    {
+        let (board, b, stop) = (dispatcher.intakes.clone(), bus.clone(), shutdown.clone());
+        tasks.spawn("intake records", async move {
+            board.run_writer(b, stop).await;
+            Ok::<(), anyhow::Error>(())
         });
     }
     {

@@ -118,6 +118,12 @@ pub enum BusError {
         #[source]
         source: Source,
     },
+    #[error("key-value bucket {bucket}: {source}")]
+    KeyValue {
+        bucket: String,
+        #[source]
+        source: Source,
+    },
     #[error("shutdown requested before the operation completed")]
     ShutDown,
     #[error("operation timed out after {0:?}")]
@@ -138,6 +144,7 @@ impl BusError {
             BusError::BindConsumer { .. } => "bind-consumer",
             BusError::Pull { .. } => "pull",
             BusError::ConsumerInfo { .. } => "consumer-info",
+            BusError::KeyValue { .. } => "key-value",
             BusError::ShutDown => "shut-down",
             BusError::TimedOut(_) => "timed-out",
         }
@@ -154,6 +161,7 @@ impl BusError {
             | BusError::BindConsumer { .. }
             | BusError::Pull { .. }
             | BusError::ConsumerInfo { .. }
+            | BusError::KeyValue { .. }
             | BusError::TimedOut(_) => true,
             BusError::Credentials(_) | BusError::DecodeLast { .. } | BusError::ShutDown => false,
         }

@@ -20,6 +20,7 @@ mod bus;
 mod consume;
 mod error;
 mod gate;
+pub mod intake;
 pub mod lease;
 mod metrics;
 pub mod permissions;

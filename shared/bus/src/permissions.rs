@@ -10,7 +10,9 @@
 //!   its durable `scheduler` on `JR_COMMANDS`; reads single messages and replays
 //!   `JR_ASSIGNMENTS`/`JR_EVENTS` with ordered consumers; reads the pending counts of the
 //!   workers' durables (pacing); owns the KV bucket `JR_SCHEDULER` (Forgejo request keys, fetch leases);
-//!   reads the warm bindings in `JR_WARM_<backend>` and subscribes to their wake-ups `jr.warm.>`.
+//!   reads the warm bindings in `JR_WARM_<backend>` and subscribes to their wake-ups `jr.warm.>`;
+//!   reads the key `slots` of each `JR_WORKLOADS_<backend>` (whether a worker lives); owns the
+//!   KV bucket `JR_INTAKES` (what each registration fetches, and why not).
 //! - **`<backend>-worker`**: publishes only its backend's worker events
 //!   (`jr.event.<backend>.*.{workload-requested,workload-created,workload-observed,released}`);
 //!   pulls and acks its two durables `<backend>-worker` (filters fixed in the create subject);
@@ -21,7 +23,7 @@
 //!   `jr.command.scheduler.fail-task`, `jr.command.scheduler.redispatch`); replays
 //!   `JR_ASSIGNMENTS`/`JR_EVENTS` with ordered consumers; reads the workers' pending counts;
 //!   owns (creates) the KV bucket `JR_PLACEMENT` of the placement switches and the KV bucket
-//!   `JR_RECONCILER` of its lease.
+//!   `JR_RECONCILER` of its lease; reads `JR_INTAKES` (the status API).
 //!
 //! Where the grant is broader than one subject, and why:
 //! - Ordered consumers are ephemeral with generated names, and NATS wildcards match whole
@@ -64,6 +66,10 @@ pub const RECONCILER_BUCKET: &str = "JR_RECONCILER";
 pub fn worker_bucket(backend: &BackendName) -> String {
     format!("JR_WORKLOADS_{backend}")
 }
+
+/// The key of a worker bucket holding its replicas' capacity record (who holds how many
+/// slots, renewed every second): the scheduler reads it to know whether a worker lives.
+pub const WORKER_SLOTS_KEY: &str = "slots";
 
 /// The event kinds the scheduler publishes (the facade's facts, fail-task and redispatch).
 pub const SCHEDULER_EVENT_KINDS: [Kind; 5] = [
@@ -244,6 +250,17 @@ pub fn permissions(role: &Role, backends: &[BackendName]) -> Permissions {
                 ordered_consumers(&mut p, stream, &worker_durables);
             }
             own_bucket(&mut p, SCHEDULER_BUCKET, false);
+            own_bucket(&mut p, crate::intake::BUCKET, false);
+            // Pacing reads whether a worker replica of each backend renews its capacity
+            // holding (the `slots` key of the worker's bucket, and only that key).
+            for backend in backends {
+                let bucket = worker_bucket(backend);
+                let stream = format!("KV_{bucket}");
+                p.publish_allow.push(format!("{API}.STREAM.INFO.{stream}"));
+                p.publish_allow.push(format!(
+                    "{API}.DIRECT.GET.{stream}.$KV.{bucket}.{WORKER_SLOTS_KEY}"
+                ));
+            }
             // The facade reads warm executors' bindings and wakes on the workers' notices.
             for backend in backends {
                 let bucket = crate::warm::bucket(backend);
@@ -312,6 +329,15 @@ pub fn permissions(role: &Role, backends: &[BackendName]) -> Permissions {
             }
             own_bucket(&mut p, PLACEMENT_BUCKET, false);
             own_bucket(&mut p, RECONCILER_BUCKET, false);
+            // The status API shows what each intake of the scheduler is doing.
+            let intakes = format!("KV_{}", crate::intake::BUCKET);
+            p.publish_allow.push(format!("{API}.STREAM.INFO.{intakes}"));
+            p.publish_allow.push(format!(
+                "{API}.DIRECT.GET.{intakes}.$KV.{}.>",
+                crate::intake::BUCKET
+            ));
+            p.publish_allow
+                .push(format!("{API}.STREAM.MSG.GET.{intakes}"));
         }
     }
     // The INFO grant may come twice (two buckets never, but keep the list tidy).
@@ -451,6 +477,38 @@ mod tests {
 
     fn b(name: &str) -> BackendName {
         BackendName::new(name).expect("valid")
+    }
+
+    /// Pacing reads whether a worker lives from the `slots` key of its bucket, and nothing
+    /// else there; the intake records are the scheduler's to write and the reconciler's to read.
+    #[test]
+    fn the_scheduler_reads_only_the_workers_capacity_records_and_writes_the_intake_records() {
+        let backends = backends();
+        let scheduler = permissions(&Role::Scheduler, &backends);
+        let reconciler = permissions(&Role::Reconciler, &backends);
+        for backend in &backends {
+            let bucket = worker_bucket(backend);
+            let slots = format!("$JS.API.DIRECT.GET.KV_{bucket}.$KV.{bucket}.{WORKER_SLOTS_KEY}");
+            let other = format!("$JS.API.DIRECT.GET.KV_{bucket}.$KV.{bucket}.ledger-key");
+            assert!(scheduler.may_publish(&slots), "{slots}");
+            assert!(!scheduler.may_publish(&other), "{other}");
+            assert!(!scheduler.may_publish(&format!("$KV.{bucket}.slots")));
+            assert!(!reconciler.may_publish(&slots));
+        }
+        let write = format!("$KV.{}.shared", crate::intake::BUCKET);
+        let read = format!(
+            "$JS.API.DIRECT.GET.KV_{0}.$KV.{0}.shared",
+            crate::intake::BUCKET
+        );
+        for role in Role::all(&backends) {
+            let p = permissions(&role, &backends);
+            assert_eq!(p.may_publish(&write), role == Role::Scheduler, "{role:?}");
+            assert_eq!(
+                p.may_publish(&read),
+                matches!(role, Role::Scheduler | Role::Reconciler),
+                "{role:?}"
+            );
+        }
     }
 
     /// A warm binding decides which executor receives a job: only its backend's worker may

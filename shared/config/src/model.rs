@@ -317,12 +317,32 @@ pub enum RegistrationLayout {
     Shared,
 }
 
+impl RegistrationLayout {
+    /// As written in the config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RegistrationLayout::PerBackend => "per-backend",
+            RegistrationLayout::Shared => "shared",
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]
 pub enum ForgeFlavor {
     #[default]
     Gitea,
     Forgejo,
+}
+
+impl ForgeFlavor {
+    /// As written in the config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ForgeFlavor::Gitea => "gitea",
+            ForgeFlavor::Forgejo => "forgejo",
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
@@ -840,6 +860,18 @@ impl Config {
             .iter()
             .filter(|(_, b)| b.enabled)
             .filter_map(|(n, b)| BackendName::new(n.clone()).ok().map(|n| (n, b)))
+    }
+
+    /// The names of the scheduler's forge registrations: `shared`, or each enabled backend's
+    /// (the keys of their leases and of their records in `JR_INTAKES`).
+    pub fn registration_names(&self) -> Vec<String> {
+        match self.forge.layout() {
+            RegistrationLayout::Shared => vec!["shared".to_owned()],
+            RegistrationLayout::PerBackend => self
+                .enabled_backends()
+                .map(|(n, _)| n.to_string())
+                .collect(),
+        }
     }
 }
 

@@ -19,6 +19,9 @@ use crate::shutdown::Shutdown;
 #[derive(Clone, Debug, Default)]
 pub struct Readiness {
     flags: Arc<RwLock<BTreeMap<String, bool>>>,
+    /// What an operator should know that does not make the service unready (a backend whose
+    /// work is not taken, say), by topic.
+    details: Arc<RwLock<BTreeMap<String, String>>>,
 }
 
 impl Readiness {
@@ -40,6 +43,23 @@ impl Readiness {
             .write()
             .unwrap_or_else(PoisonError::into_inner)
             .insert(name.to_owned(), ready);
+    }
+
+    /// Sets (`Some`) or clears (`None`) the detail shown under `topic` in `/readyz`.
+    pub fn set_detail(&self, topic: &str, detail: Option<String>) {
+        let mut details = self.details.write().unwrap_or_else(PoisonError::into_inner);
+        match detail {
+            Some(text) => details.insert(topic.to_owned(), text),
+            None => details.remove(topic),
+        };
+    }
+
+    /// Every detail, by topic.
+    pub fn details(&self) -> BTreeMap<String, String> {
+        self.details
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// Names of the checks that are not ready, sorted.
@@ -74,7 +94,11 @@ async fn readyz(State(ops): State<Ops>) -> Response {
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    let body = serde_json::json!({ "ready": not_ready.is_empty(), "not_ready": not_ready });
+    let body = serde_json::json!({
+        "ready": not_ready.is_empty(),
+        "not_ready": not_ready,
+        "details": ops.readiness.details(),
+    });
     (status, axum::Json(body)).into_response()
 }
 

@@ -80,6 +80,22 @@ async fn readyz_follows_the_readiness_flags() {
         true
     );
 
+    // A detail informs without making the service unready, and can be cleared.
+    readiness.set_detail(
+        "intake.shared",
+        Some("backend pod: no live worker".to_owned()),
+    );
+    let (status, body) = ops.get("/readyz").await;
+    assert_eq!(status, 200);
+    let json: serde_json::Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(
+        json["details"]["intake.shared"],
+        "backend pod: no live worker"
+    );
+    readiness.set_detail("intake.shared", None);
+    let (_, body) = ops.get("/readyz").await;
+    assert!(!body.contains("intake.shared"), "{body}");
+
     readiness.set("nats", false);
     assert_eq!(
         ops.get("/readyz").await.0,

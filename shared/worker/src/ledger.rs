@@ -37,7 +37,7 @@ pub(crate) fn bucket_name(backend: &BackendName) -> String {
 }
 
 /// The key of the replicas' shared capacity record in the same bucket.
-pub(crate) const SLOTS_KEY: &str = "slots";
+pub(crate) const SLOTS_KEY: &str = jr_bus::permissions::WORKER_SLOTS_KEY;
 
 /// `<owner>.<assignment>.<attempt>.<workload>` (`<assignment>.<attempt>.<workload>` without an
 /// owner); `None` for a workload name a key cannot carry.

@@ -42,6 +42,21 @@ pub struct World {
     pub bus: Bus,
     pub config: Config,
     pub dir: tempfile::TempDir,
+    /// Stand-in worker replicas renewing their capacity holdings, by backend.
+    presence: std::sync::Mutex<BTreeMap<String, (CancellationToken, JoinHandle<()>)>>,
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        for stop in self
+            .presence
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .values()
+        {
+            stop.0.cancel();
+        }
+    }
 }
 
 /// `pod` (labels `pod`, plus `extra_pod_labels`) and `vm` backends, routing `pod`→pod, `vm`→vm,
@@ -140,12 +155,82 @@ impl World {
         bus.ensure_topology(&topology)
             .await
             .expect("streams declared");
-        World {
+        let world = World {
             nats,
             forge,
             bus,
             config,
             dir,
+            presence: Default::default(),
+        };
+        for (backend, _) in world.config.enabled_backends() {
+            world.worker_starts(backend.as_str());
+        }
+        world
+    }
+
+    /// A stand-in worker replica of `backend` renews its capacity holding every second, as a
+    /// live worker does (pacing takes work for a backend only while one does).
+    pub fn worker_starts(&self, backend: &str) {
+        let stop = CancellationToken::new();
+        let (js, token) = (self.bus.jetstream().clone(), stop.clone());
+        let bucket = format!("JR_WORKLOADS_{backend}");
+        let name = format!("{backend}-worker_0000beef");
+        let task = tokio::spawn(async move {
+            while !token.is_cancelled() {
+                let store = js
+                    .create_or_update_key_value(jr_bus::async_nats::jetstream::kv::Config {
+                        bucket: bucket.clone(),
+                        history: 1,
+                        ..Default::default()
+                    })
+                    .await;
+                if let Ok(store) = store {
+                    let mut slots = jr_lease::Slots::default();
+                    slots.held.insert(
+                        name.clone(),
+                        jr_lease::Holding {
+                            slots: 0,
+                            renewed_at: jr_protocol::now_ms(),
+                            ttl_ms: 6_000,
+                            owns: Default::default(),
+                        },
+                    );
+                    if let Ok(bytes) = serde_json::to_vec(&slots) {
+                        let _ = store.put("slots", bytes.into()).await;
+                    }
+                }
+                tokio::select! {
+                    _ = token.cancelled() => return,
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                }
+            }
+        });
+        if let Some(old) = self
+            .presence
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(backend.to_owned(), (stop, task))
+        {
+            old.0.cancel();
+        }
+    }
+
+    /// `backend`'s stand-in worker stops and its holding is gone (as after its lifetime).
+    pub async fn worker_stops(&self, backend: &str) {
+        let stopped = self
+            .presence
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(backend);
+        if let Some(stop) = stopped {
+            stop.0.cancel();
+            // No renewal may land after the holding is removed.
+            let _ = stop.1.await;
+        }
+        let bucket = format!("JR_WORKLOADS_{backend}");
+        if let Ok(store) = self.bus.jetstream().get_key_value(&bucket).await {
+            store.delete("slots").await.expect("holding removed");
         }
     }
 
@@ -187,6 +272,10 @@ impl World {
             unclaimed_horizon: Duration::from_secs(3 * 3600),
             leases: Default::default(),
             stats: Default::default(),
+            presence: Default::default(),
+            intakes: Arc::new(jr_scheduler::intakes::IntakeBoard::new(
+                "gitea", "shared", "test", None,
+            )),
         })
     }
 
@@ -215,8 +304,22 @@ impl World {
     /// consumer is acked at once, so nothing waits and fetching is never paused. Stops when
     /// the returned token is cancelled (or the test ends).
     pub fn drain_workers(&self) -> CancellationToken {
+        let all: Vec<String> = self
+            .config
+            .enabled_backends()
+            .map(|(b, _)| b.to_string())
+            .collect();
+        self.drain_workers_of(&all.iter().map(String::as_str).collect::<Vec<_>>())
+    }
+
+    /// [`World::drain_workers`] for the named backends only.
+    pub fn drain_workers_of(&self, backends: &[&str]) -> CancellationToken {
         let stop = CancellationToken::new();
-        for (backend, _) in self.config.enabled_backends() {
+        for (backend, _) in self
+            .config
+            .enabled_backends()
+            .filter(|(b, _)| backends.contains(&b.as_str()))
+        {
             let (js, stop) = (self.bus.jetstream().clone(), stop.clone());
             let durable = ConsumerSpec::worker_assignments(&backend).durable;
             tokio::spawn(async move {
