@@ -103,12 +103,13 @@ impl Forges {
                     config.enabled_backends().map(|(n, _)| n).collect();
                 if backends.len() > 1 {
                     let names: Vec<&str> = backends.iter().map(BackendName::as_str).collect();
-                    tracing::warn!(
+                    tracing::info!(
                         backends = %names.join(","),
-                        "one shared forge registration serves several backends: it fetches only while \
-                         every one of them has room, so a full backend pauses fetching for all of them \
-                         (jobs wait at the forge, none is lost); forge.registration = \"per-backend\" \
-                         lets each backend fetch at its own pace"
+                        "one shared forge registration serves several backends: it declares only the \
+                         labels of the backends taking work, so a full or stopped backend's jobs wait \
+                         at the forge while the others are fetched (the runner's labels in the forge \
+                         change accordingly); forge.registration = \"per-backend\" keeps each \
+                         runner's labels fixed"
                     );
                 }
                 let (client, capabilities) = establish_declared(

@@ -199,4 +199,42 @@ mod tests {
         assert!(later.to_string().contains("\"no-worker\""));
         assert_eq!(IntakeStatus::decode(b"nonsense"), None);
     }
+
+    #[test]
+    fn the_corpus_record_keeps_reading() {
+        let record = IntakeStatus {
+            registration: "shared".to_owned(),
+            forge: "forgejo".to_owned(),
+            layout: "shared".to_owned(),
+            declared_labels: vec!["self-hosted".to_owned(), "vm".to_owned()],
+            fetching: false,
+            backends: vec![
+                BackendIntake {
+                    backend: "pod".to_owned(),
+                    blocked: Some(Blocked::NoWorker),
+                    room: None,
+                    waiting: Some(3),
+                    declared: false,
+                    since_ms: 1_700_000_000_000,
+                },
+                BackendIntake {
+                    backend: "vm".to_owned(),
+                    blocked: Some(Blocked::Full),
+                    room: Some(0),
+                    waiting: Some(2),
+                    declared: true,
+                    since_ms: 1_700_000_001_000,
+                },
+            ],
+            replica: "scheduler-7f9c_1a2b".to_owned(),
+            updated_at_ms: 1_700_000_002_000,
+        };
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/wire-corpus/v1/kv/intake-status.json");
+        if std::env::var_os("JR_WRITE_CORPUS").is_some() {
+            std::fs::write(&path, record.encode()).expect("write corpus file");
+        }
+        let stored = std::fs::read(&path).expect("corpus file");
+        assert_eq!(IntakeStatus::decode(&stored), Some(record));
+    }
 }

@@ -45,3 +45,16 @@ fn leases_and_slot_records_match_the_schema() {
         assert!(check(bad).is_err(), "{bad} was accepted");
     }
 }
+
+/// The intake records of `JR_INTAKES` (written by the scheduler, shared/bus src/intake.rs): the
+/// stored corpus record matches the schema, and a record with an unknown reason does not.
+#[test]
+fn intake_records_match_the_schema() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/wire-corpus/v1/kv/intake-status.json");
+    let stored = std::fs::read_to_string(&path).expect("corpus file");
+    check(&stored).expect("intake record");
+    let bad = stored.replace("\"no-worker\"", "\"asleep\"");
+    assert_ne!(bad, stored);
+    assert!(check(&bad).is_err(), "{bad} was accepted");
+}
