@@ -140,7 +140,7 @@ pub async fn run(p: Process) -> anyhow::Result<()> {
                 (n.to_string(), providers)
             })
             .collect(),
-        registrations: p.config.registration_names(),
+        registrations: p.config.intake_names(),
     });
     let listener = tokio::net::TcpListener::bind(cfg.status_listen)
         .await

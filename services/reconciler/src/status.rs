@@ -67,22 +67,6 @@ fn is_stale(updated_at_ms: u64, now_ms: u64) -> bool {
     u128::from(now_ms.saturating_sub(updated_at_ms)) > STALE_AFTER.as_millis()
 }
 
-/// `e` followed by the sources under it, each said once: many errors (the bus's among them)
-/// already print their source in their own message, others do not.
-fn with_sources(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let part = s.to_string();
-        if !text.contains(&part) {
-            text.push_str(": ");
-            text.push_str(&part);
-        }
-        source = s.source();
-    }
-    text
-}
-
 /// The `intakes` field of `/api/status`, or `intakes_error` when `JR_INTAKES` cannot be read:
 /// the rest of the status does not depend on it.
 async fn intakes(
@@ -102,7 +86,7 @@ async fn intakes(
                 .collect();
             ("intakes", serde_json::json!(views))
         }
-        Ok(Err(e)) => ("intakes_error", with_sources(&e).into()),
+        Ok(Err(e)) => ("intakes_error", jr_telemetry::error_chain(&e).into()),
         Err(_) => (
             "intakes_error",
             format!(
@@ -349,6 +333,7 @@ mod tests {
             ],
             replica: "scheduler_1".to_owned(),
             updated_at_ms,
+            error: None,
         }
     }
 
@@ -373,44 +358,6 @@ mod tests {
         assert!(is_stale(now - 3 * refresh - 1, now));
         // A writer whose clock is ahead is not stale.
         assert!(!is_stale(now + 60_000, now));
-    }
-
-    #[derive(Debug)]
-    struct Outer(Inner);
-    #[derive(Debug)]
-    struct Inner;
-    impl std::fmt::Display for Outer {
-        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            write!(f, "reading the bucket")
-        }
-    }
-    impl std::error::Error for Outer {
-        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-            Some(&self.0)
-        }
-    }
-    impl std::fmt::Display for Inner {
-        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            write!(f, "permission denied")
-        }
-    }
-    impl std::error::Error for Inner {}
-
-    #[test]
-    fn an_error_is_told_with_each_source_once() {
-        assert_eq!(
-            with_sources(&Outer(Inner)),
-            "reading the bucket: permission denied"
-        );
-        // The bus's errors print their source themselves: not repeated.
-        let e = jr_bus::BusError::KeyValue {
-            bucket: "JR_INTAKES".to_owned(),
-            source: Box::new(Inner),
-        };
-        assert_eq!(
-            with_sources(&e),
-            "key-value bucket JR_INTAKES: permission denied"
-        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -107,6 +107,11 @@ pub async fn handle(
         };
     }
     let Some(forge) = forges.client(&backend) else {
+        if forges.serves(&backend) {
+            // Its registration is still coming up here (the forge down or refusing it).
+            tracing::info!(assignment = %id, %backend, "fail-task waits for the backend's forge registration");
+            return Disposition::Nak(Some(Duration::from_secs(5)));
+        }
         return Disposition::Term(format!(
             "fail-task for backend {backend}, which has no forge registration here"
         ));
@@ -155,7 +160,7 @@ pub async fn handle(
             return Disposition::Nak(Some(Duration::from_secs(2)));
         }
     }
-    match report_failure(forge, forge_task_id, std::slice::from_ref(&reason)).await {
+    match report_failure(&forge, forge_task_id, std::slice::from_ref(&reason)).await {
         Ok(result) => {
             tracing::info!(assignment = %id, task = forge_task_id, ?result, %reason, "failure reported to the forge")
         }

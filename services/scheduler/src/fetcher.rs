@@ -22,11 +22,11 @@ use rand::Rng;
 use sha2::Digest as _;
 use tokio_util::sync::CancellationToken;
 
-use crate::declaration::{Condition, Declarer};
+use crate::declaration::Declarer;
 use crate::forge_report::report_failure;
 use crate::forges::{Forges, Registration};
-use crate::intakes::{IntakeBoard, Observation};
-use crate::pacing::{BackendRoom, TasksVersion};
+use crate::intakes::IntakeBoard;
+use crate::pacing::TasksVersion;
 use crate::presence::WorkerPresence;
 use crate::request_key::RequestKeys;
 use crate::routing::{Placed, Router, forge_context, job_facts};
@@ -384,112 +384,6 @@ impl Dispatcher {
             delay = (delay * 2).min(Duration::from_secs(10));
         }
     }
-    /// Each backend `registration` fetches for, as the bus shows it now.
-    pub async fn readings(
-        &self,
-        registration: &Registration,
-    ) -> Vec<(BackendName, crate::presence::Reading)> {
-        let mut out = Vec::with_capacity(registration.backends.len());
-        for backend in &registration.backends {
-            let waiting = crate::presence::waiting(&self.bus, backend).await;
-            let worker = self.presence.worker(&self.bus, backend).await;
-            let room = BackendRoom {
-                lookahead: self.lookahead.get(backend).copied().unwrap_or(2),
-                waiting,
-            };
-            out.push((backend.clone(), crate::presence::Reading { room, worker }));
-        }
-        out
-    }
-
-    /// How many tasks `registration` may take now. A shared registration first declares the
-    /// labels of the backends taking work when they changed (see [`crate::declaration`]);
-    /// `declared` is then true and the caller decides again before fetching. Reports the
-    /// decision to the intake board.
-    async fn decide(
-        &self,
-        registration: &Registration,
-        declarer: Option<&mut Declarer>,
-        taking: &mut Vec<BackendName>,
-    ) -> (usize, bool) {
-        let readings = self.readings(registration).await;
-        let conditions: BTreeMap<BackendName, Condition> = readings
-            .iter()
-            .map(|(b, r)| (b.clone(), r.room.condition(r.worker)))
-            .collect();
-        taking.clear();
-        taking.extend(
-            conditions
-                .iter()
-                .filter(|(_, c)| c.room() > 0)
-                .map(|(b, _)| b.clone()),
-        );
-        let mut declared_now = false;
-        let (room, labels, reaches): (usize, Vec<String>, Vec<bool>) = match declarer {
-            None => {
-                let room = conditions.values().map(|c| c.room()).min().unwrap_or(0);
-                let labels = registration
-                    .own_backend
-                    .as_ref()
-                    .map(|b| self.router.labels_of(b).to_vec())
-                    .unwrap_or_else(|| self.router.declared_labels().to_vec());
-                (room, labels, vec![true; readings.len()])
-            }
-            Some(declarer) => {
-                let now = Instant::now();
-                let step = declarer.step(&self.router, &conditions, now);
-                let mut room = step.room;
-                if let Some(declare) = step.declare {
-                    room = 0;
-                    declared_now = true;
-                    let request = jr_forge::proto::runner::v1::DeclareRequest {
-                        version: crate::registration::RUNNER_VERSION.to_owned(),
-                        labels: declare.labels.clone(),
-                        ..Default::default()
-                    };
-                    let before = declarer.declared_labels().to_vec();
-                    match registration.client.declare(&request).await {
-                        Ok(_) => {
-                            if before != declare.labels {
-                                self.stats.declares.fetch_add(1, Ordering::Relaxed);
-                                tracing::info!(
-                                    registration = %registration.name,
-                                    labels = ?declare.labels,
-                                    before = ?before,
-                                    "declared the labels of the backends taking work"
-                                );
-                            }
-                            declarer.declared(&self.router, declare.labels, Instant::now());
-                        }
-                        Err(e) => {
-                            // Nothing is fetched until the forge has the labels wanted.
-                            declared_now = false;
-                            declarer.failed(Instant::now());
-                            tracing::warn!(
-                                registration = %registration.name,
-                                labels = ?declare.labels,
-                                error = %e,
-                                "declaring labels failed; fetching waits and the Declare is retried"
-                            );
-                        }
-                    }
-                }
-                let reaches = readings.iter().map(|(b, _)| declarer.reaches(b)).collect();
-                (room, declarer.declared_labels().to_vec(), reaches)
-            }
-        };
-        self.intakes.observe(&Observation {
-            registration: &registration.name,
-            backends: readings
-                .iter()
-                .zip(reaches)
-                .map(|((b, r), declared)| (b.clone(), conditions[b], r.room.waiting, declared))
-                .collect(),
-            declared_labels: &labels,
-            room,
-        });
-        (room, declared_now)
-    }
 }
 
 /// Fetch pacing (from `[forge]`).
@@ -537,7 +431,7 @@ fn abort_probability() -> f64 {
         .unwrap_or(0.0)
 }
 
-async fn fetch_loop(
+pub(crate) async fn fetch_loop(
     registration: Registration,
     d: &Dispatcher,
     pacing: Pacing,

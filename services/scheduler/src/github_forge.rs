@@ -21,6 +21,7 @@ use jr_protocol::BackendName;
 use tokio_util::sync::CancellationToken;
 
 use crate::github::{JetStreamSink, Room};
+use crate::intakes::IntakeBoard;
 use crate::seal::Sealer;
 
 /// The longest wait between two tries to reach the scale set.
@@ -108,6 +109,24 @@ impl GitHubForge {
     }
 
     /// Runs the entry's listener whenever this replica holds its lease, until `shutdown`.
+    /// The intake's name on the board and in `JR_INTAKES`.
+    pub fn intake(&self) -> String {
+        format!("github.{}", self.entry.name)
+    }
+
+    /// Reports whether the intake works (the board of `None`: tests).
+    fn report(&self, board: Option<&IntakeBoard>, error: Option<String>) {
+        if let Some(board) = board {
+            board.report(&self.intake(), Some(("github", "scale-set")), error, true);
+        }
+    }
+
+    /// Runs the entry's listener whenever this replica holds its lease, until `shutdown`.
+    /// GitHub down or refusing the credentials is retried and reported, never returned.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the parts one listener runs with"
+    )]
     pub async fn run(
         self,
         bus: Bus,
@@ -115,14 +134,16 @@ impl GitHubForge {
         sealer: Arc<Sealer>,
         mut leadership: Leadership,
         owner: String,
+        board: Option<Arc<IntakeBoard>>,
         shutdown: CancellationToken,
     ) -> anyhow::Result<()> {
         let name = self.entry.name.clone();
         while leadership.until_acting(&shutdown).await.is_some() {
             tracing::info!(forge = %name, scale_set = %self.entry.scale_set, "leading the GitHub scale set");
-            let Some(scale_set) = self.scale_set(&shutdown).await? else {
+            let Some(scale_set) = self.scale_set(board.as_deref(), &shutdown).await else {
                 break;
             };
+            self.report(board.as_deref(), None);
             let listener = Listener {
                 client: self.client.clone(),
                 scale_set,
@@ -158,7 +179,12 @@ impl GitHubForge {
                 .await;
             lost.abort();
             if let Err(error) = result {
-                tracing::error!(forge = %name, %error, "the GitHub listener stopped; starting it again");
+                let why = format!("{error:#}");
+                tracing::error!(forge = %name, error = %why, "the GitHub listener stopped; starting it again");
+                self.report(
+                    board.as_deref(),
+                    Some(format!("the listener stopped: {why}")),
+                );
                 tokio::select! {
                     () = shutdown.cancelled() => break,
                     () = tokio::time::sleep(Duration::from_secs(5)) => {}
@@ -168,9 +194,14 @@ impl GitHubForge {
         Ok(())
     }
 
-    /// The scale set's id: found or made, tried again while GitHub is unreachable or busy.
-    /// `None` at shutdown.
-    async fn scale_set(&self, shutdown: &CancellationToken) -> anyhow::Result<Option<i64>> {
+    /// The scale set's id: found or made, tried again with back-off while GitHub is
+    /// unreachable, busy or refusing (a wrong token, a missing runner group), each failure
+    /// logged and reported with its whole chain. `None` at shutdown.
+    async fn scale_set(
+        &self,
+        board: Option<&IntakeBoard>,
+        shutdown: &CancellationToken,
+    ) -> Option<i64> {
         let mut delay = Duration::from_millis(500);
         loop {
             match self
@@ -182,21 +213,25 @@ impl GitHubForge {
                 )
                 .await
             {
-                Ok(set) => return Ok(Some(set.id)),
-                Err(error) if error.is_transient() => {
-                    tracing::warn!(forge = %self.entry.name, %error, "cannot reach the scale set; retrying");
-                }
+                Ok(set) => return Some(set.id),
                 Err(error) => {
-                    return Err(error).with_context(|| {
-                        format!(
-                            "github {:?}: scale set {:?} in runner group {:?}",
-                            self.entry.name, self.entry.scale_set, self.entry.runner_group
-                        )
-                    });
+                    let transient = error.is_transient();
+                    let why = format!(
+                        "scale set {:?} in runner group {:?}: {}",
+                        self.entry.scale_set,
+                        self.entry.runner_group,
+                        jr_telemetry::error_chain(&error)
+                    );
+                    if transient {
+                        tracing::warn!(forge = %self.entry.name, error = %why, retry_in = ?delay, "cannot reach the scale set; retrying");
+                    } else {
+                        tracing::error!(forge = %self.entry.name, error = %why, retry_in = ?delay, "GitHub refuses the scale set; retrying (check the credentials and the runner group)");
+                    }
+                    self.report(board, Some(why));
                 }
             }
             tokio::select! {
-                () = shutdown.cancelled() => return Ok(None),
+                () = shutdown.cancelled() => return None,
                 () = tokio::time::sleep(delay) => {}
             }
             delay = (delay * 2).min(MAX_DELAY);

@@ -32,6 +32,9 @@ struct Entry {
     status: IntakeStatus,
     /// Changed since it was last written to the bucket.
     dirty: bool,
+    /// This replica speaks for the intake (holds its lease, or no lease is used): only then is
+    /// the record written to the bucket; a standby's view stays in its own `/readyz`.
+    speaks: bool,
 }
 
 /// The registrations' records, kept by this replica for those whose lease it holds.
@@ -57,25 +60,60 @@ impl IntakeBoard {
         }
     }
 
+    fn entry<'a>(
+        &self,
+        entries: &'a mut BTreeMap<String, Entry>,
+        intake: &str,
+        kind: Option<(&str, &str)>,
+    ) -> &'a mut Entry {
+        let (forge, layout) = kind.unwrap_or((&self.forge, &self.layout));
+        entries.entry(intake.to_owned()).or_insert_with(|| Entry {
+            status: IntakeStatus {
+                registration: intake.to_owned(),
+                forge: forge.to_owned(),
+                layout: layout.to_owned(),
+                declared_labels: Vec::new(),
+                fetching: false,
+                backends: Vec::new(),
+                replica: self.replica.clone(),
+                updated_at_ms: now_ms(),
+                error: None,
+            },
+            dirty: true,
+            speaks: false,
+        })
+    }
+
+    /// Records whether an intake works: `error` is why not (its whole chain), `None` once it
+    /// does. `speaks`: this replica holds the intake's lease (its record goes to the bucket).
+    /// `kind`: `(forge, layout)` when not the Gitea/Forgejo registration's.
+    pub fn report(
+        &self,
+        intake: &str,
+        kind: Option<(&str, &str)>,
+        error: Option<String>,
+        speaks: bool,
+    ) {
+        let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        let entry = self.entry(&mut entries, intake, kind);
+        entry.speaks |= speaks;
+        if entry.status.error != error {
+            entry.status.error = error;
+            entry.dirty = true;
+            if let Some(readiness) = &self.readiness {
+                readiness.set_detail(&format!("intake.{intake}"), detail(&entry.status));
+            }
+            self.changed.notify_one();
+        }
+    }
+
     /// Records a fetch loop's decision; logs each backend whose state changed.
     pub fn observe(&self, o: &Observation<'_>) {
         let now = now_ms();
         let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
-        let entry = entries
-            .entry(o.registration.to_owned())
-            .or_insert_with(|| Entry {
-                status: IntakeStatus {
-                    registration: o.registration.to_owned(),
-                    forge: self.forge.clone(),
-                    layout: self.layout.clone(),
-                    declared_labels: Vec::new(),
-                    fetching: false,
-                    backends: Vec::new(),
-                    replica: self.replica.clone(),
-                    updated_at_ms: now,
-                },
-                dirty: true,
-            });
+        let entry = self.entry(&mut entries, o.registration, None);
+        // Only the lease holder's fetch loop decides.
+        entry.speaks = true;
         let before = std::mem::take(&mut entry.status.backends);
         let mut changed = entry.status.declared_labels != o.declared_labels
             || entry.status.fetching != (o.room > 0);
@@ -116,14 +154,17 @@ impl IntakeBoard {
         }
     }
 
-    /// This replica stopped fetching for `registration` (lease lost): another writes it now.
+    /// This replica stopped fetching for `registration` (lease lost): another writes its
+    /// record now; what this replica knows of the intake's health stays.
     pub fn forget(&self, registration: &str) {
-        self.entries
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(registration);
-        if let Some(readiness) = &self.readiness {
-            readiness.set_detail(&format!("intake.{registration}"), None);
+        let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(entry) = entries.get_mut(registration) {
+            entry.speaks = false;
+            entry.status.backends.clear();
+            entry.status.fetching = false;
+            if let Some(readiness) = &self.readiness {
+                readiness.set_detail(&format!("intake.{registration}"), detail(&entry.status));
+            }
         }
     }
 
@@ -143,7 +184,7 @@ impl IntakeBoard {
         let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
         entries
             .values_mut()
-            .filter(|e| all || e.dirty)
+            .filter(|e| e.speaks && (all || e.dirty))
             .map(|e| {
                 e.dirty = false;
                 e.status.updated_at_ms = now;
@@ -205,8 +246,12 @@ impl IntakeBoard {
     }
 }
 
-/// The `/readyz` detail of a registration: its blocked backends, or nothing.
+/// The `/readyz` detail of an intake: why it does not work, or its blocked backends, or
+/// nothing.
 fn detail(status: &IntakeStatus) -> Option<String> {
+    if let Some(error) = &status.error {
+        return Some(format!("not working, retried: {error}"));
+    }
     let blocked: Vec<String> = status
         .backends
         .iter()
@@ -320,6 +365,24 @@ mod tests {
         assert!(readiness.details().is_empty(), "detail cleared");
         assert_eq!(board.take_due(false).len(), 1);
         board.forget("shared");
-        assert!(board.snapshot().is_empty());
+        assert!(
+            board.take_due(true).is_empty(),
+            "a replica without the lease writes nothing"
+        );
+        // A forge refusing the runner: reported with its reason, cleared when it works.
+        board.report(
+            "shared",
+            None,
+            Some("registration refused: 401".to_owned()),
+            true,
+        );
+        let text = readiness.details()["intake.shared"].clone();
+        assert!(text.contains("401"), "{text}");
+        assert_eq!(
+            board.take_due(false)[0].error.as_deref(),
+            Some("registration refused: 401")
+        );
+        board.report("shared", None, None, true);
+        assert!(readiness.details().is_empty());
     }
 }

@@ -12,6 +12,7 @@ pub mod forge_report;
 pub mod forges;
 pub mod github;
 pub mod github_forge;
+pub mod intake;
 pub mod intakes;
 pub mod ledger;
 pub mod metrics;

@@ -9,7 +9,7 @@ fn main() -> ExitCode {
     jr_service::main(
         "scheduler",
         |c| c.scheduler.ops_listen,
-        &["nats", "forge", "facade"],
+        &["nats", "facade"],
         |p| async move {
             jr_scheduler::service::run(
                 p.config,

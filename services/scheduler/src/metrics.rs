@@ -162,6 +162,23 @@ impl<L: Ledger> Collector for SchedulerCollector<L> {
                     .encode(family.encode_family(&labels)?)?;
             }
         }
+        {
+            let g = ConstGauge::new(0i64);
+            let mut family = e.encode_descriptor(
+                "intake_up",
+                "1 while an intake (a forge registration, a GitHub scale set) works, 0 while its forge is unreachable or refuses it (retried meanwhile)",
+                None,
+                g.metric_type(),
+            )?;
+            for intake in self.dispatcher.intakes.snapshot() {
+                let labels = [
+                    ("intake", intake.registration.as_str()),
+                    ("kind", intake.forge.as_str()),
+                ];
+                ConstGauge::new(i64::from(intake.error.is_none()))
+                    .encode(family.encode_family(&labels)?)?;
+            }
+        }
         counter(
             e,
             "scheduler_label_declares",

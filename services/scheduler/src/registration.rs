@@ -41,6 +41,10 @@ pub enum RegistrationError {
     Shared { key: String, message: String },
     #[error("shut down while waiting for the forge")]
     Shutdown,
+    #[error("the forge is not reachable")]
+    Unreachable(#[source] ForgeError),
+    #[error("declaring the runner's labels failed")]
+    Declare(#[source] ForgeError),
 }
 
 #[derive(Serialize, Deserialize)]
@@ -178,28 +182,14 @@ impl SharedCredentials {
 }
 
 /// Waits until the forge answers Ping, retrying with capped backoff (the forge may be starting).
-async fn wait_for_forge(
-    client: &ForgeClient,
-    name: &str,
-    shutdown: &CancellationToken,
-) -> Result<(), RegistrationError> {
-    let mut delay = Duration::from_millis(200);
-    loop {
-        match client
-            .ping(&PingRequest {
-                data: name.to_owned(),
-            })
-            .await
-        {
-            Ok(_) => return Ok(()),
-            Err(e) => tracing::warn!(error = %e, retry_in = ?delay, "forge not reachable yet"),
-        }
-        tokio::select! {
-            _ = shutdown.cancelled() => return Err(RegistrationError::Shutdown),
-            _ = tokio::time::sleep(delay) => {}
-        }
-        delay = (delay * 2).min(Duration::from_secs(10));
-    }
+async fn wait_for_forge(client: &ForgeClient, name: &str) -> Result<(), RegistrationError> {
+    client
+        .ping(&PingRequest {
+            data: name.to_owned(),
+        })
+        .await
+        .map(|_| ())
+        .map_err(RegistrationError::Unreachable)
 }
 
 /// Who one forge registration is: its runner name, pre-made credentials (if configured) and
@@ -349,7 +339,7 @@ pub async fn establish_declared(
 ) -> Result<(ForgeClient, Option<String>), RegistrationError> {
     let anonymous =
         ForgeClient::new(&cfg.url, None, cfg.request_timeout).map_err(RegistrationError::Client)?;
-    wait_for_forge(&anonymous, &identity.name, shutdown).await?;
+    wait_for_forge(&anonymous, &identity.name).await?;
 
     let configured = match &identity.preset {
         Some((key, uuid, token, token_file)) => jr_config::read_secret(key, token, token_file)?
@@ -387,49 +377,41 @@ pub async fn establish_declared(
         labels: labels.to_vec(),
         ..Default::default()
     };
-    let mut delay = Duration::from_millis(200);
-    loop {
-        match client
-            .call_raw(
-                jr_forge::wire::RUNNER_SERVICE,
-                "Declare",
-                &declare,
-                true,
-                &[],
-            )
-            .await
-        {
-            Ok((_, headers)) => {
-                let capabilities = headers
-                    .get(CAPABILITIES_HEADER)
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::to_owned);
-                tracing::info!(runner = %identity.name, ?labels, ?capabilities, "declared labels to the forge");
-                return Ok((client, capabilities));
-            }
-            Err(e) if e.is_unregistered() => {
-                let remedy = match &identity.preset {
-                    Some((key, ..)) => format!(
-                        "Configure fresh credentials ({key} and its runner_uuid), or remove them and set forge.registration_token to register anew"
-                    ),
-                    None => format!(
-                        "Remove {} and restart with a valid forge.registration_token, or configure pre-made runner credentials",
-                        identity.credentials_file.display()
-                    ),
-                };
-                return Err(RegistrationError::Unregistered {
-                    uuid: creds.uuid,
-                    remedy,
-                });
-            }
-            Err(e) if e.is_retryable() => tracing::warn!(error = %e, "declare failed; retrying"),
-            Err(e) => return Err(RegistrationError::Refused(e)),
+    match client
+        .call_raw(
+            jr_forge::wire::RUNNER_SERVICE,
+            "Declare",
+            &declare,
+            true,
+            &[],
+        )
+        .await
+    {
+        Ok((_, headers)) => {
+            let capabilities = headers
+                .get(CAPABILITIES_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            tracing::info!(runner = %identity.name, ?labels, ?capabilities, "declared labels to the forge");
+            Ok((client, capabilities))
         }
-        tokio::select! {
-            _ = shutdown.cancelled() => return Err(RegistrationError::Shutdown),
-            _ = tokio::time::sleep(delay) => {}
+        Err(e) if e.is_unregistered() => {
+            let remedy = match &identity.preset {
+                Some((key, ..)) => format!(
+                    "Configure fresh credentials ({key} and its runner_uuid), or remove them and set forge.registration_token to register anew"
+                ),
+                None => format!(
+                    "Remove {} and restart with a valid forge.registration_token, or configure pre-made runner credentials",
+                    identity.credentials_file.display()
+                ),
+            };
+            Err(RegistrationError::Unregistered {
+                uuid: creds.uuid,
+                remedy,
+            })
         }
-        delay = (delay * 2).min(Duration::from_secs(10));
+        Err(e) if e.is_retryable() => Err(RegistrationError::Declare(e)),
+        Err(e) => Err(RegistrationError::Refused(e)),
     }
 }
 

@@ -10,7 +10,7 @@ use jr_telemetry::{Shutdown, TaskSet};
 use tokio_util::sync::CancellationToken;
 
 use crate::facade::{Facade, FacadeSettings, TlsSettings, serve};
-use crate::fetcher::{Dispatcher, Pacing, run_fetchers};
+use crate::fetcher::{Dispatcher, Pacing};
 use crate::forges::Forges;
 use crate::ledger::JetStreamLedger;
 use crate::registration::SharedCredentials;
@@ -99,8 +99,8 @@ pub fn tls_from_config(config: &Config) -> anyhow::Result<Option<TlsSettings>> {
         .context("facade TLS settings")
 }
 
-/// Runs fetchers, the facade and the fail-task consumer until `shutdown` (or until the forge
-/// says the runner is gone, which is returned as an error).
+/// Runs the forge intakes, the facade and the command consumer until `shutdown`. A forge that
+/// is down or refuses a runner is retried and reported, never the end of the scheduler.
 pub async fn run(
     config: Config,
     bus: Bus,
@@ -168,8 +168,9 @@ pub async fn run(
         })
         .collect();
 
-    let forges = Forges::establish(&config, &router, &shared, &shutdown).await?;
-    ready("forge", true);
+    // Each registration is established by its own intake task, below: a forge that is down or
+    // refuses the runner holds up nothing else (the facade, GitHub, the other registrations).
+    let (forges, planned) = Forges::plan(&config, &router);
 
     let backends: Vec<_> = config.enabled_backends().map(|(n, _)| n).collect();
     let max_duration: BTreeMap<_, _> = config
@@ -330,8 +331,11 @@ pub async fn run(
             me.clone(),
             shutdown.clone(),
         );
+        let board = dispatcher.intakes.clone();
         tasks.spawn("github listener", async move {
-            forge.run(b, kv, sealer, leadership, owner, stop).await
+            forge
+                .run(b, kv, sealer, leadership, owner, Some(board), stop)
+                .await
         });
     }
     ready("facade", true);
@@ -342,10 +346,17 @@ pub async fn run(
         flavor: config.forge.flavor,
         task_capacity: config.forge.task_capacity,
     };
-    let fetched = run_fetchers(dispatcher, pacing, shutdown.clone()).await;
-    shutdown.cancel();
+    let config = Arc::new(config);
+    for registration in planned {
+        let credentials = shared.get(&registration.name).cloned();
+        let (d, c, stop) = (dispatcher.clone(), config.clone(), shutdown.clone());
+        tasks.spawn("forge registration", async move {
+            crate::intake::run_registration(d, c, registration, credentials, pacing, stop).await;
+            Ok::<(), anyhow::Error>(())
+        });
+    }
+    shutdown.cancelled().await;
     let report = tasks.join_all(std::time::Duration::from_secs(15)).await;
-    fetched?;
     anyhow::ensure!(
         report.is_clean(),
         "scheduler tasks failed: {:?} unfinished: {:?}",

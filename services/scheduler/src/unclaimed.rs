@@ -279,7 +279,7 @@ pub async fn run_keepalive(
                 unclaimed.settled(id);
                 continue;
             }
-            match keepalive(client, waiting.forge_task_id).await {
+            match keepalive(&client, waiting.forge_task_id).await {
                 Ok(None) => unclaimed.reschedule(id, Instant::now() + unclaimed.interval),
                 Ok(Some(result)) => match withdraw(&bus, id, &waiting, result).await {
                     Ok(won) => {

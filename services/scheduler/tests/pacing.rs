@@ -452,6 +452,6 @@ async fn the_forges_capabilities_are_kept_per_registration_for_the_facade() {
     let forges = world.establish().await;
     for backend in ["pod", "vm"] {
         let backend = BackendName::new(backend).expect("backend");
-        assert_eq!(forges.capabilities(&backend), Some("cancelling"));
+        assert_eq!(forges.capabilities(&backend).as_deref(), Some("cancelling"));
     }
 }

@@ -83,11 +83,12 @@ pub struct BackendIntake {
 /// One registration's record.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IntakeStatus {
-    /// `shared`, or the backend's name for a registration of its own.
+    /// `shared`, or the backend's name for a registration of its own; `github.<name>` for a
+    /// GitHub scale set.
     pub registration: String,
-    /// `gitea` or `forgejo`.
+    /// `gitea`, `forgejo` or `github`.
     pub forge: String,
-    /// `shared` or `per-backend`.
+    /// `shared` or `per-backend` (Gitea, Forgejo), `scale-set` (GitHub).
     pub layout: String,
     /// The labels the registration's runner declares to the forge now.
     pub declared_labels: Vec<String>,
@@ -97,6 +98,10 @@ pub struct IntakeStatus {
     /// The scheduler replica that wrote it (the one holding the registration's lease).
     pub replica: String,
     pub updated_at_ms: u64,
+    /// Why the intake does not work now (its forge unreachable, refusing the runner, a scale
+    /// set that cannot be made), with the whole error chain; absent while it works.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 impl IntakeStatus {
@@ -188,6 +193,7 @@ mod tests {
             }],
             replica: "scheduler_1".to_owned(),
             updated_at_ms: 9,
+            error: None,
         };
         assert_eq!(IntakeStatus::decode(&record.encode()), Some(record.clone()));
         let mut later: serde_json::Value = serde_json::from_slice(&record.encode()).expect("json");
@@ -228,6 +234,7 @@ mod tests {
             ],
             replica: "scheduler-7f9c_1a2b".to_owned(),
             updated_at_ms: 1_700_000_002_000,
+            error: None,
         };
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../../tests/wire-corpus/v1/kv/intake-status.json");

@@ -862,6 +862,14 @@ impl Config {
             .filter_map(|(n, b)| BackendName::new(n.clone()).ok().map(|n| (n, b)))
     }
 
+    /// Every intake of the scheduler, as keyed in `JR_INTAKES`: its forge registrations, then
+    /// `github.<name>` for each `[[github]]` entry.
+    pub fn intake_names(&self) -> Vec<String> {
+        let mut names = self.registration_names();
+        names.extend(self.github.iter().map(|g| format!("github.{}", g.name)));
+        names
+    }
+
     /// The names of the scheduler's forge registrations: `shared`, or each enabled backend's
     /// (the keys of their leases and of their records in `JR_INTAKES`).
     pub fn registration_names(&self) -> Vec<String> {

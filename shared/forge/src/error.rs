@@ -17,10 +17,10 @@ pub enum ForgeError {
     #[error("HTTP {status} without a Connect error body: {body_snippet}")]
     Http { status: u16, body_snippet: String },
     /// The request did not complete in time (client timeout).
-    #[error("forge call timed out")]
+    #[error("forge call timed out: {}", sources(.0))]
     Timeout(#[source] reqwest::Error),
     /// Connection refused/reset, DNS, TLS, or a broken body stream.
-    #[error("forge transport error")]
+    #[error("forge transport error: {}", sources(.0))]
     Transport(#[source] reqwest::Error),
     /// A 200 reply whose body is not the expected protobuf message.
     #[error("cannot decode {message} reply")]
@@ -43,7 +43,7 @@ pub enum ForgeError {
     #[error("no runner credentials for {method}")]
     MissingCredentials { method: &'static str },
     /// Building the HTTP client or a request failed (bad base URL, header value not ASCII).
-    #[error("cannot build forge request")]
+    #[error("cannot build forge request: {}", sources(.0))]
     Build(#[source] reqwest::Error),
     /// Server side: the request's content type is not a supported Connect unary codec.
     #[error("unsupported content type {0:?}")]
@@ -51,6 +51,23 @@ pub enum ForgeError {
     /// Server side: the request body is not a valid protobuf message.
     #[error("cannot decode request body")]
     DecodeRequest(#[source] prost::DecodeError),
+}
+
+/// A transport error and what lies under it (`error sending request for url (…): client
+/// error (Connect): tcp connect error: Connection refused`): reqwest's own message names the
+/// URL, its sources tell why, and a log needs both.
+fn sources(error: &reqwest::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(s) = source {
+        let part = s.to_string();
+        if !text.contains(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        source = s.source();
+    }
+    text
 }
 
 impl ForgeError {

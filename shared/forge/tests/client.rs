@@ -432,3 +432,24 @@ async fn refused_connection_is_a_transport_error() {
     assert!(err.is_retryable());
     assert!(!err.is_unregistered());
 }
+
+#[tokio::test]
+async fn a_transport_error_says_why_the_call_failed() {
+    // A port nothing listens on: the connection is refused.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    drop(listener);
+    let c = client(&format!("http://{addr}"), None);
+    let err = c
+        .ping(&jr_forge::proto::ping::v1::PingRequest {
+            data: "x".to_owned(),
+        })
+        .await
+        .expect_err("nothing listens");
+    let text = err.to_string();
+    assert!(text.starts_with("forge transport error: "), "{text}");
+    assert!(
+        text.to_ascii_lowercase().contains("connection refused"),
+        "the cause is in the message: {text}"
+    );
+}

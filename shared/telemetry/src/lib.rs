@@ -19,6 +19,7 @@
 //! # let _ = report; Ok(()) }
 //! ```
 
+mod chain;
 mod error;
 mod init;
 mod metrics;
@@ -26,6 +27,7 @@ mod ops;
 mod shutdown;
 mod tasks;
 
+pub use chain::error_chain;
 pub use error::TelemetryError;
 pub use init::{LogFormat, TelemetryConfig, TelemetryGuard, init};
 pub use metrics::Metrics;

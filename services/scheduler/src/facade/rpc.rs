@@ -263,7 +263,7 @@ async fn runner_service<L: Ledger>(
                         .settings
                         .forges
                         .capabilities(&view.backend)
-                        .and_then(|c| http::HeaderValue::from_str(c).ok()),
+                        .and_then(|c| http::HeaderValue::from_str(&c).ok()),
                     _ => None,
                 };
                 let mut response =
@@ -378,7 +378,7 @@ impl<L: Ledger> Facade<L> {
         // The forge may have ended the task while it waited (a user cancelled the run, a
         // reaper failed it): ask before handing it out, and withdraw it instead of starting a
         // job nobody wants. This heartbeat also keeps the task alive until the executor's own.
-        match crate::forge_report::keepalive(self.forge_of(&view)?, view.forge_task_id).await {
+        match crate::forge_report::keepalive(&self.forge_of(&view)?, view.forge_task_id).await {
             Ok(None) => {}
             Ok(Some(result)) => {
                 let terminal = Terminal {
@@ -503,10 +503,15 @@ impl<L: Ledger> Facade<L> {
     }
 
     /// The client of the runner that fetched this assignment's task.
-    fn forge_of(&self, view: &AssignmentView) -> Result<&jr_forge::ForgeClient, RpcError> {
+    fn forge_of(&self, view: &AssignmentView) -> Result<jr_forge::ForgeClient, RpcError> {
         self.settings.forges.client(&view.backend).ok_or_else(|| {
-            tracing::error!(assignment = %view.id, backend = %view.backend, "no forge registration for this backend");
-            RpcError::new(Code::Unavailable, "no forge registration for this backend")
+            if self.settings.forges.serves(&view.backend) {
+                tracing::warn!(assignment = %view.id, backend = %view.backend, "this backend's forge registration is not established here yet; the executor retries");
+                RpcError::new(Code::Unavailable, "the forge registration is not established yet; retry")
+            } else {
+                tracing::error!(assignment = %view.id, backend = %view.backend, "no forge registration for this backend");
+                RpcError::new(Code::Unavailable, "no forge registration for this backend")
+            }
         })
     }
 
