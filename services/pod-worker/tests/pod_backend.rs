@@ -51,7 +51,7 @@ fn spec(task: i64, token: &str) -> WorkloadSpec {
         workflow: "ci".into(),
         job_name: "build".into(),
         fetched_at: 0,
-        github: false,
+        forge_env: None,
     }
 }
 
@@ -580,7 +580,7 @@ async fn redelivery_returns_the_existing_pod_with_its_original_token() {
         workflow: "ci".into(),
         job_name: "build".into(),
         fetched_at: 0,
-        github: false,
+        forge_env: None,
         ..first.clone()
     };
     backend.create(&first).await.expect("create");

@@ -46,7 +46,7 @@ fn spec() -> WorkloadSpec {
         workflow: "ci".into(),
         job_name: "build".into(),
         fetched_at: 0,
-        github: false,
+        forge_env: None,
     }
 }
 

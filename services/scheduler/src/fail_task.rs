@@ -52,11 +52,10 @@ pub async fn handle(
                     if a.forge_task_id == forge_task_id
                         && crate::redispatch::sealed_by(sealer, e).is_ok() =>
                 {
-                    Some(
-                        a.forge_instance
-                            .strip_prefix(crate::github::FORGE_PREFIX)
-                            .map(str::to_owned),
-                    )
+                    Some(match a.forge_kind() {
+                        jr_protocol::ForgeKind::GitHub(name) => Some(name),
+                        jr_protocol::ForgeKind::Gitea(_) => None,
+                    })
                 }
                 _ => None,
             });

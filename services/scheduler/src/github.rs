@@ -47,13 +47,6 @@ pub struct GitHubTask {
     pub jit_config: String,
 }
 
-pub use jr_protocol::GITHUB_FORGE_PREFIX as FORGE_PREFIX;
-
-/// Whether an assignment's `forge_instance` names a GitHub forge.
-pub fn is_github(forge_instance: &str) -> bool {
-    forge_instance.starts_with(FORGE_PREFIX)
-}
-
 /// The forge's room: how many more jobs its backend can start soon.
 #[derive(Clone, Debug)]
 pub enum Room {
@@ -275,7 +268,7 @@ impl Sink for JetStreamSink {
             id,
             1,
             Message::Assignment(Assignment {
-                forge_instance: format!("{FORGE_PREFIX}{}", self.forge),
+                forge_instance: jr_protocol::ForgeKind::GitHub(self.forge.clone()).instance(),
                 forge_task_id: job.runner_request_id,
                 backend: self.backend.clone(),
                 provider: None,

@@ -128,10 +128,13 @@ pub fn sealed_by(sealer: &Sealer, envelope: &Envelope) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     // A GitHub job's sealed task is its runner's config (the seal's scope binds it to the
     // assignment and its request id already).
-    if assignment.is_github() {
-        return serde_json::from_slice::<crate::github::GitHubTask>(&plaintext)
-            .map(|_| ())
-            .map_err(|e| format!("the sealed task is not a GitHub runner config: {e}"));
+    match assignment.forge_kind() {
+        jr_protocol::ForgeKind::GitHub(_) => {
+            return serde_json::from_slice::<crate::github::GitHubTask>(&plaintext)
+                .map(|_| ())
+                .map_err(|e| format!("the sealed task is not a GitHub runner config: {e}"));
+        }
+        jr_protocol::ForgeKind::Gitea(_) => {}
     }
     let task = Task::decode(plaintext.as_slice())
         .map_err(|e| format!("the sealed task is not a forge task: {e}"))?;

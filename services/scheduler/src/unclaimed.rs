@@ -123,9 +123,9 @@ impl Unclaimed {
         let mut found: HashMap<AssignmentId, (i64, BackendName, u32)> = HashMap::new();
         let filters: Vec<String> = backends.iter().map(subject::assignments_of).collect();
         for (_, envelope) in replay(bus, STREAM_ASSIGNMENTS, filters, since).await? {
-            // A GitHub job has no Gitea task to keep alive: GitHub keeps it while it waits.
+            // Only a task the forge handed out needs keeping alive (GitHub keeps its jobs).
             if let Message::Assignment(a) = &envelope.message
-                && !a.is_github()
+                && a.forge_kind().holds_forge_task()
             {
                 found.insert(
                     envelope.assignment_id,

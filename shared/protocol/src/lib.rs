@@ -3,6 +3,7 @@
 //! every service, the fakes and the `jr decode` tool share one definition of what is on the wire.
 
 mod codec;
+mod forge;
 mod ids;
 pub mod labels;
 mod message;
@@ -13,6 +14,7 @@ mod validate;
 mod worker_ids;
 
 pub use codec::{DecodeError, decode, encode, to_json};
+pub use forge::ForgeKind;
 pub use ids::{AssignmentId, BackendName, InvalidName};
 pub use message::*;
 pub use reason::Reason;

@@ -207,15 +207,10 @@ pub struct Assignment {
     pub sealed_task: SealedTask,
 }
 
-/// What a GitHub assignment's `forge_instance` starts with (then the forge's `[[github]]`
-/// name); a Gitea or Forgejo one is the forge's URL.
-pub const GITHUB_FORGE_PREFIX: &str = "github:";
-
 impl Assignment {
-    /// Whether the job is a GitHub Actions job: its sealed task is a just-in-time runner
-    /// config, which the executor asks the facade for instead of fetching a task.
-    pub fn is_github(&self) -> bool {
-        self.forge_instance.starts_with(GITHUB_FORGE_PREFIX)
+    /// The forge the job came from (parsed from `forge_instance`).
+    pub fn forge_kind(&self) -> crate::ForgeKind {
+        crate::ForgeKind::parse(&self.forge_instance)
     }
 
     /// The job's time limit less the time it already waited since the fetch: the forge's

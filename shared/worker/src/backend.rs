@@ -40,8 +40,9 @@ pub struct WorkloadSpec {
     pub job_name: String,
     /// When the scheduler received the task (unix ms): how long the job has waited.
     pub fetched_at: u64,
-    /// A GitHub Actions job: the executor runs a just-in-time runner (`JETRUNNER_FORGE=github`).
-    pub github: bool,
+    /// `JETRUNNER_FORGE` of the executor contract (`github`: the executor runs a just-in-time
+    /// runner); `None` for act_runner against the facade.
+    pub forge_env: Option<&'static str>,
 }
 
 impl WorkloadSpec {
@@ -58,8 +59,8 @@ impl WorkloadSpec {
             (ENV_RUNNER_TOKEN.to_owned(), self.executor_token.clone()),
             (ENV_LABELS.to_owned(), self.labels.join(",")),
         ]);
-        if self.github {
-            env.insert(ENV_FORGE.to_owned(), "github".to_owned());
+        if let Some(forge) = self.forge_env {
+            env.insert(ENV_FORGE.to_owned(), forge.to_owned());
         }
         env
     }
@@ -167,6 +168,6 @@ pub(crate) fn test_spec(n: u32) -> WorkloadSpec {
         workflow: "ci".into(),
         job_name: "build".into(),
         fetched_at: 0,
-        github: false,
+        forge_env: None,
     }
 }

@@ -284,7 +284,7 @@ impl<B: Backend> Io<B> {
             workflow: a.workflow.clone().unwrap_or_default(),
             job_name: a.job_name.clone(),
             fetched_at: a.fetched_at,
-            github: a.is_github(),
+            forge_env: a.forge_kind().executor_forge_env(),
         }
     }
 
@@ -306,7 +306,7 @@ impl<B: Backend> Io<B> {
             workflow: String::new(),
             job_name: "warm".to_owned(),
             fetched_at: now_ms(),
-            github: false,
+            forge_env: None,
         })
     }
 

@@ -343,10 +343,10 @@ async fn handle_assignment(
     };
     let key = AttemptKey::new(delivery.envelope.assignment_id, delivery.envelope.attempt);
     let facts = match bus_facts(bus, backend, key.assignment).await {
-        // A GitHub job runs on the just-in-time runner made for it, never on a warm executor
-        // waiting for a Gitea task.
+        // Whether a warm executor may run it is the forge's to say (a GitHub job runs only on
+        // the just-in-time runner made for it).
         Ok(facts) => BusFacts {
-            no_warm: assignment.is_github(),
+            no_warm: !assignment.forge_kind().may_bind_warm(),
             ..facts
         },
         Err(error) => {

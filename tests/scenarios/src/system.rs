@@ -322,7 +322,7 @@ async fn github_messages(
         crate::consistency::read_stream(js, jr_protocol::STREAM_ASSIGNMENTS).await?;
     let ours: HashSet<jr_protocol::AssignmentId> = assignments
         .iter()
-        .filter(|(_, e)| matches!(&e.message, jr_protocol::Message::Assignment(a) if a.is_github()))
+        .filter(|(_, e)| matches!(&e.message, jr_protocol::Message::Assignment(a) if matches!(a.forge_kind(), jr_protocol::ForgeKind::GitHub(_))))
         .map(|(_, e)| e.assignment_id)
         .collect();
     let (events, _) = crate::consistency::read_stream(js, jr_protocol::STREAM_EVENTS).await?;

@@ -119,8 +119,8 @@ pub fn build_objects(block: &RunnerBlock, spec: &WorkloadSpec) -> ExecutorObject
             }),
         },
     ];
-    if spec.github {
-        env.push(plain_env(ENV_FORGE, "github".to_owned()));
+    if let Some(forge) = spec.forge_env {
+        env.push(plain_env(ENV_FORGE, forge.to_owned()));
     }
     env.extend(block.env.iter().map(|(k, v)| plain_env(k, v.clone())));
 

@@ -23,7 +23,7 @@ fn spec() -> WorkloadSpec {
         workflow: "ci".into(),
         job_name: "build".into(),
         fetched_at: 0,
-        github: false,
+        forge_env: None,
     }
 }
 
@@ -289,7 +289,7 @@ fn a_github_job_tells_the_entrypoint_and_a_gitea_job_does_not() {
     };
     assert_eq!(forge_var(&spec()), None);
     let github = WorkloadSpec {
-        github: true,
+        forge_env: jr_protocol::ForgeKind::GitHub("acme".to_owned()).executor_forge_env(),
         ..spec()
     };
     assert_eq!(forge_var(&github), Some(json!("github")));
