@@ -15,6 +15,9 @@ pub struct Config {
     pub nats: NatsConfig,
     #[serde(default)]
     pub database: DatabaseConfig,
+    /// `[forge]`: the Gitea or Forgejo forge. Optional when `[[github]]` entries are given: a
+    /// deployment may serve GitHub alone (then `url` is empty; see [`Config::gitea`]).
+    #[serde(default)]
     pub forge: ForgeConfig,
     /// `[[github]]`: GitHub Actions runner scale sets served next to `[forge]`.
     #[serde(default)]
@@ -198,6 +201,8 @@ impl Default for DatabaseConfig {
 #[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ForgeConfig {
+    /// Empty when no `[forge]` table is given (a GitHub-only deployment).
+    #[serde(default)]
     pub url: String,
     #[serde(default = "default_runner_name")]
     pub runner_name: String,
@@ -247,6 +252,31 @@ pub struct ForgeConfig {
     pub max_backoff: Duration,
     #[serde(default = "ten_s", with = "humantime_serde")]
     pub request_timeout: Duration,
+}
+
+impl Default for ForgeConfig {
+    /// No Gitea/Forgejo forge (an empty URL), every other key at its default.
+    fn default() -> Self {
+        Self {
+            url: String::new(),
+            runner_name: default_runner_name(),
+            registration_token: None,
+            registration_token_file: None,
+            runner_uuid: None,
+            runner_token: None,
+            runner_token_file: None,
+            credentials_file: default_credentials_file(),
+            fetchers: None,
+            registration: None,
+            flavor: ForgeFlavor::default(),
+            task_capacity: one(),
+            keepalive_interval: three_min(),
+            version_reset_interval: thirty_s(),
+            poll_interval: two_s(),
+            max_backoff: ten_s(),
+            request_timeout: ten_s(),
+        }
+    }
 }
 
 /// One `[[github]]` entry: a GitHub runner scale set whose jobs jetrunner runs, each on a
@@ -870,9 +900,17 @@ impl Config {
         names
     }
 
+    /// The Gitea/Forgejo forge, when `[forge]` is configured.
+    pub fn gitea(&self) -> Option<&ForgeConfig> {
+        (!self.forge.url.is_empty()).then_some(&self.forge)
+    }
+
     /// The names of the scheduler's forge registrations: `shared`, or each enabled backend's
-    /// (the keys of their leases and of their records in `JR_INTAKES`).
+    /// (the keys of their leases and of their records in `JR_INTAKES`); none without `[forge]`.
     pub fn registration_names(&self) -> Vec<String> {
+        if self.gitea().is_none() {
+            return Vec::new();
+        }
         match self.forge.layout() {
             RegistrationLayout::Shared => vec!["shared".to_owned()],
             RegistrationLayout::PerBackend => self

@@ -531,3 +531,30 @@ app_private_key_file = "/run/key.pem"
         assert!(err.to_string().contains(key), "{key}: {err}");
     }
 }
+
+#[test]
+fn a_deployment_serves_github_alone_without_a_forge_table_but_not_no_forge_at_all() {
+    let github = r#"
+[[github]]
+name = "gh"
+url = "https://github.com/acme"
+backend = "vm"
+pat = "ghp_x"
+"#;
+    let without_forge = MINIMAL.replace(
+        "[forge]\nurl = \"http://127.0.0.1:3000\"\nregistration_token = \"abc\"\n",
+        "",
+    );
+    assert_ne!(without_forge, MINIMAL);
+    let c = load_env(&format!("{without_forge}{github}"), &[]).expect("GitHub alone is valid");
+    assert!(c.gitea().is_none());
+    assert!(c.registration_names().is_empty());
+    assert_eq!(c.intake_names(), vec!["github.gh".to_owned()]);
+    let err = load_env(&without_forge, &[]).expect_err("no forge at all");
+    assert!(err.to_string().contains("no forge configured"), "{err}");
+    // With `[forge]` both are served, and its URL is still checked.
+    let c = load_env(&format!("{MINIMAL}{github}"), &[]).expect("both");
+    assert_eq!(c.registration_names(), vec!["pod", "vm"]);
+    let bad = MINIMAL.replace("http://127.0.0.1:3000", "127.0.0.1:3000");
+    assert!(load_env(&bad, &[]).is_err());
+}

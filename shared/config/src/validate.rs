@@ -16,7 +16,16 @@ impl Config {
                 "must start with nats:// or tls://",
             ));
         }
-        if !self.forge.url.starts_with("http://") && !self.forge.url.starts_with("https://") {
+        if self.gitea().is_none() && self.github.is_empty() {
+            return Err(ConfigError::key(
+                "forge.url",
+                "no forge configured: give [forge] (Gitea or Forgejo) with its url, or [[github]] entries, or both",
+            ));
+        }
+        if self.gitea().is_some()
+            && !self.forge.url.starts_with("http://")
+            && !self.forge.url.starts_with("https://")
+        {
             return Err(ConfigError::key(
                 "forge.url",
                 "must be an http:// or https:// URL",
