@@ -104,6 +104,11 @@ pub struct SystemSpec {
     pub github_backend: &'static str,
     /// `[[github]] max_runners` (default: the backend's capacity plus its lookahead).
     pub github_max_runners: Option<u32>,
+    /// The vm-worker (and with standbys `vm-worker-b`) is never started, although the VM
+    /// backend stays configured: a deployment of the pod-worker alone. Start-up then waits for
+    /// the other services only; [`System::violations`] still counts VM jobs the forge has not
+    /// finished, so a scenario leaves those out itself.
+    pub no_vm_worker: bool,
 }
 
 impl Default for SystemSpec {
@@ -142,6 +147,7 @@ impl Default for SystemSpec {
             github: false,
             github_backend: "pod",
             github_max_runners: None,
+            no_vm_worker: false,
         }
     }
 }
@@ -556,14 +562,28 @@ impl System {
             ports,
             expected: Mutex::new(BTreeMap::new()),
         };
+        let absent = system.absent_services();
         for p in system.all_mut() {
-            p.spawn()?;
+            if !absent.contains(&p.name.as_str()) {
+                p.spawn()?;
+            }
         }
         for p in system.all_mut() {
-            p.wait_ready(Duration::from_secs(60)).await?;
+            if !absent.contains(&p.name.as_str()) {
+                p.wait_ready(Duration::from_secs(60)).await?;
+            }
         }
         system.check_nats_users().await?;
         Ok(system)
+    }
+
+    /// The services this system never starts ([`SystemSpec::no_vm_worker`]).
+    pub fn absent_services(&self) -> &'static [&'static str] {
+        if self.spec.no_vm_worker {
+            &["vm-worker", "vm-worker-b"]
+        } else {
+            &[]
+        }
     }
 
     /// Every service is connected to NATS as its own user (not as the full-rights user that
@@ -581,7 +601,10 @@ impl System {
             ("pod-worker", "pod-worker"),
             ("vm-worker", "vm-worker"),
             ("reconciler", "reconciler"),
-        ] {
+        ]
+        .into_iter()
+        .filter(|(service, _)| !self.absent_services().contains(service))
+        {
             let users: Vec<&str> = connections
                 .iter()
                 .filter(|c| c["name"].as_str() == Some(service))
