@@ -22,8 +22,9 @@ use crate::intakes::Observation;
 use crate::pacing::BackendRoom;
 use crate::registration::{RegistrationError, SharedCredentials};
 
-/// The longest wait between two tries to establish a registration.
-const MAX_RETRY: Duration = Duration::from_secs(60);
+/// The longest wait between two tries to establish a registration: one Ping (or Declare) per
+/// registration this often is nothing for a forge, and a forge that is back is used soon.
+const MAX_RETRY: Duration = Duration::from_secs(10);
 
 /// Runs `planned` until shutdown: establish, fetch, and again after any failure.
 pub async fn run_registration(

@@ -402,6 +402,12 @@ impl FakeGitHub {
         *lock(&self.shared.poll_hold) = hold;
     }
 
+    /// The personal access token accepted from now on (the configured one revoked or
+    /// replaced at GitHub: calls with it get 401).
+    pub fn set_pat(&self, pat: &str) {
+        lock(&self.shared.tokens).pat = pat.to_owned();
+    }
+
     /// Every admin token handed out so far stops working (401).
     pub fn revoke_admin_tokens(&self) {
         lock(&self.shared.tokens).admin.clear();

@@ -11,4 +11,4 @@ pub mod process;
 pub mod proxy;
 pub mod system;
 
-pub use system::{OutcomeReport, System, SystemSpec, Touched};
+pub use system::{GITHUB_PAT, OutcomeReport, System, SystemSpec, Touched};

@@ -109,6 +109,16 @@ pub struct SystemSpec {
     /// the other services only; [`System::violations`] still counts VM jobs the forge has not
     /// finished, so a scenario leaves those out itself.
     pub no_vm_worker: bool,
+    /// No `[forge]` table: a deployment serving GitHub alone (with [`SystemSpec::github`]).
+    /// The fake forge still runs, and nothing may reach it.
+    pub no_gitea: bool,
+    /// Faults of the fake forge from its start (e.g. `error_rate` 1: the forge answers 500 to
+    /// everything, as one that is down behind a proxy), until the scenario clears them.
+    pub forge_faults: Option<jr_fake_forge::FaultConfig>,
+    /// The fake GitHub refuses the configured token from its start (401) until the scenario
+    /// calls [`FakeGitHub::set_pat`](jr_fake_github::FakeGitHub::set_pat) with
+    /// [`GITHUB_PAT`].
+    pub github_refuses_token: bool,
 }
 
 impl Default for SystemSpec {
@@ -148,6 +158,9 @@ impl Default for SystemSpec {
             github_backend: "pod",
             github_max_runners: None,
             no_vm_worker: false,
+            no_gitea: false,
+            forge_faults: None,
+            github_refuses_token: false,
         }
     }
 }
@@ -367,6 +380,7 @@ impl System {
                 ..spec.forge_behaviour.clone()
             },
             reap_interval: Some(Duration::from_secs(1)),
+            faults: spec.forge_faults.clone().unwrap_or_default(),
             ..Default::default()
         })
         .await?;
@@ -379,6 +393,9 @@ impl System {
             let fake = jr_fake_github::FakeGitHub::start(GITHUB_PAT).await?;
             // Jobs wait for runners to start; the listener's long poll is held as GitHub does.
             fake.set_poll_hold(Duration::from_secs(5));
+            if spec.github_refuses_token {
+                fake.set_pat("ghp_another-token");
+            }
             Some(fake)
         } else {
             None
@@ -453,6 +470,11 @@ impl System {
                     .unwrap_or_default()
             ),
             None => String::new(),
+        };
+        let text = if spec.no_gitea {
+            without_table(&text, "[forge]")
+        } else {
+            text
         };
         let text = text
             + &spec.extra_toml
@@ -1160,6 +1182,22 @@ fn service_users_toml(users: &ServiceUsers, backends: &[BackendName]) -> String 
             ))
         })
         .collect()
+}
+
+/// `text` without the table headed `header` (its header line up to the next table's).
+fn without_table(text: &str, header: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut skipping = false;
+    for line in text.lines() {
+        if line.starts_with('[') {
+            skipping = line.trim() == header;
+        }
+        if !skipping {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
 }
 
 #[allow(
