@@ -10,12 +10,18 @@
 //!   task), so the reconciler's claim timeout is about the workload starting its runner, not
 //!   about GitHub handing the runner a job. `JobStarted` publishes it too, if it is still
 //!   missing. `JobCompleted` is the once-only `terminal` of the assignment of the runner that
-//!   ran the job, with that job's request id (source `executor`). Its workload, the one that
-//!   ran the job, is then deleted as for a Gitea job.
+//!   ran the job, naming that job (source `executor`). Its workload, the one that ran the job,
+//!   is then deleted as for a Gitea job.
+//! - Every message names its job by one number, `forge_task_id` = [`JobFacts::task_id`]: the
+//!   job's `runnerRequestId`, or, where github.com sends 0 for it, a negative number derived
+//!   from the job's `jobId` (the protocol's messages carry no other field for a GitHub job
+//!   id). The assignment names the job its runner was made for, the claim and the terminal
+//!   the job the runner took, and the sealed task's scope the assignment's number.
 //! - A runner withdrawn unused (its job ended before it ran) gets a `terminal` with source
 //!   `withdrawn`.
 //! - Which assignment holds a job, and the session cursor, are kept in the scheduler's KV
-//!   bucket `JR_SCHEDULER` (`github.<forge>.job.<runnerRequestId>`,
+//!   bucket `JR_SCHEDULER` (`github.<forge>.job.<key>`, the key being the job's
+//!   `runnerRequestId` or `job-<jobId>` as the listener keys it ([`JobFacts::key`]), and
 //!   `github.<forge>.cursor`), so a restarted scheduler or a new leader goes on where the last
 //!   one stopped.
 //!
@@ -163,7 +169,7 @@ impl JetStreamSink {
             id,
             attempt,
             Message::Terminal(Terminal {
-                forge_task_id: job.runner_request_id,
+                forge_task_id: job.task_id(),
                 result: task_result(outcome),
                 source,
                 log_closed: true,
@@ -247,10 +253,7 @@ impl Sink for JetStreamSink {
         let plaintext = serde_json::to_vec(&task).map_err(|e| sink_error("encode", e))?;
         let sealed_task = self
             .sealer
-            .seal(
-                SealScope::new(id, &self.backend, job.runner_request_id),
-                &plaintext,
-            )
+            .seal(SealScope::new(id, &self.backend, job.task_id()), &plaintext)
             .map_err(|e| sink_error("seal", e))?;
         // The index first: a completion that arrives before the assignment finds its id.
         self.kv
@@ -269,7 +272,7 @@ impl Sink for JetStreamSink {
             1,
             Message::Assignment(Assignment {
                 forge_instance: jr_protocol::ForgeKind::GitHub(self.forge.clone()).instance(),
-                forge_task_id: job.runner_request_id,
+                forge_task_id: job.task_id(),
                 backend: self.backend.clone(),
                 provider: None,
                 placement: Some(format!("github scale set of backend {}", self.backend)),
@@ -307,7 +310,7 @@ impl Sink for JetStreamSink {
             id,
             attempt,
             Message::Claimed(Claimed {
-                forge_task_id: job.runner_request_id,
+                forge_task_id: job.task_id(),
                 executor: runner_name.to_owned(),
             }),
         );
@@ -369,7 +372,7 @@ impl Sink for JetStreamSink {
         job: &JobFacts,
         reason: &str,
     ) -> Result<(), SinkError> {
-        tracing::warn!(assignment, request = job.runner_request_id, repository = %format!("{}/{}", job.owner_name, job.repository_name), %reason, "GitHub job gets no runner");
+        tracing::warn!(assignment, job = %job.key(), task = job.task_id(), repository = %format!("{}/{}", job.owner_name, job.repository_name), %reason, "GitHub job gets no runner");
         Ok(())
     }
 

@@ -1,16 +1,18 @@
 //! The GitHub scale set listener with the scheduler's JetStream ledger, against a real
 //! nats-server and the strict fake GitHub: every assigned job is one assignment carrying its
 //! sealed JIT config, claimed and terminal once each; no JIT config is readable on the bus; a
-//! restarted listener resumes its session from the cursor in `JR_SCHEDULER`.
+//! restarted listener resumes its session from the cursor in `JR_SCHEDULER`; jobs github.com
+//! sends with `runnerRequestId` 0 are named by their job in every message.
 
 mod support;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use jr_bus::async_nats::jetstream::kv;
 use jr_fake_github::{FakeGitHub, JobSpec, JobState};
+use jr_github::wire::JobFacts;
 use jr_github::{Credentials, Listener, RetryPolicy, ScaleSetClient, Settings};
 use jr_protocol::{
     AssignmentId, BackendName, Kind, Message, STREAM_ASSIGNMENTS, STREAM_EVENTS, TaskResult,
@@ -319,4 +321,156 @@ async fn github_jobs_become_sealed_assignments_claimed_and_final_once() {
     let mut expected = jobs.clone();
     expected.sort_unstable();
     assert_eq!(finished, expected, "jobs final once each");
+}
+
+/// The message last published on `subject` of `stream`.
+async fn last_message(world: &World, stream: &str, subject: &str) -> Message {
+    let (_, envelope) = world
+        .bus
+        .last_on_subject(stream, subject)
+        .await
+        .expect("read")
+        .unwrap_or_else(|| panic!("nothing on {subject}"));
+    envelope.message
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_without_a_request_id_get_one_assignment_claim_and_terminal_naming_their_job() {
+    let world = World::start().await;
+    let sealer = Arc::new(jr_scheduler::service::sealer_from_config(&world.config).expect("key"));
+    let store = jr_scheduler::request_key::open_bucket(&world.bus)
+        .await
+        .expect("bucket");
+    let fake = FakeGitHub::start(PAT).await.expect("fake");
+    fake.set_poll_hold(Duration::from_millis(100));
+    // github.com as seen since 2025: every job message carries runnerRequestId 0.
+    fake.set_zero_request_ids(true);
+    let set = client(&fake)
+        .ensure_scale_set("default", "jetrunner", &[])
+        .await
+        .expect("scale set");
+    let listener = Listener {
+        client: client(&fake),
+        scale_set: set.id,
+        owner: "scheduler-test".into(),
+        forge: FORGE.into(),
+        max_capacity: 10,
+        work_folder: "_work".into(),
+        guard: None,
+        sink: JetStreamSink {
+            bus: world.bus.clone(),
+            kv: store.clone(),
+            sealer: sealer.clone(),
+            forge: FORGE.into(),
+            backend: pod(),
+            max_duration: Duration::from_secs(3600),
+            room: jr_scheduler::github::Room::Fixed(10),
+        },
+    };
+    let stop = CancellationToken::new();
+    let running = {
+        let stop = stop.clone();
+        tokio::spawn(async move { listener.run(stop, false).await })
+    };
+    let jobs: Vec<i64> = (0..6)
+        .map(|_| fake.enqueue(JobSpec::push(&["jetrunner"])))
+        .collect();
+    // The number each job must be named by on the bus → the fake's id of the job.
+    let named: BTreeMap<i64, i64> = jobs
+        .iter()
+        .map(|request| {
+            let job = fake.job(*request).expect("job");
+            assert_eq!(job.message_request_id, 0, "the fake sent a request id");
+            let facts = JobFacts {
+                runner_request_id: 0,
+                job_id: job.job_id,
+                ..JobFacts::default()
+            };
+            (facts.task_id(), *request)
+        })
+        .collect();
+    assert_eq!(named.len(), jobs.len(), "two jobs share a task id");
+    let mut started = BTreeSet::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let final_on_github = |j: &i64| {
+        matches!(
+            fake.job(*j).map(|j| j.state),
+            Some(JobState::Completed { .. })
+        )
+    };
+    while !jobs.iter().all(final_on_github) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "jobs not final in time"
+        );
+        workloads(&world, &store, &sealer, &fake, &mut started).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let ids: Vec<AssignmentId> = published(&store)
+        .await
+        .iter()
+        .map(|i| assignment_id(i).expect("id"))
+        .collect();
+    assert_eq!(ids.len(), jobs.len(), "one assignment per job in the index");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    for id in &ids {
+        let terminal = subject::event(&pod(), *id, Kind::Terminal);
+        while raw_last(&world, STREAM_EVENTS, &terminal).await.is_none() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no terminal for {id}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    stop.cancel();
+    running.await.expect("join").expect("listener");
+
+    let mut made_for = BTreeSet::new();
+    let mut ran = BTreeSet::new();
+    for id in &ids {
+        let subjects = [
+            (STREAM_ASSIGNMENTS, subject::assignment(&pod(), *id)),
+            (STREAM_EVENTS, subject::event(&pod(), *id, Kind::Claimed)),
+            (STREAM_EVENTS, subject::event(&pod(), *id, Kind::Terminal)),
+        ];
+        for (stream, subject) in &subjects {
+            assert_eq!(count(&world, stream, subject).await, 1, "{subject}");
+        }
+        let Message::Assignment(assignment) =
+            last_message(&world, STREAM_ASSIGNMENTS, &subjects[0].1).await
+        else {
+            panic!("not an assignment");
+        };
+        let Message::Claimed(claimed) = last_message(&world, STREAM_EVENTS, &subjects[1].1).await
+        else {
+            panic!("not a claim");
+        };
+        let Message::Terminal(terminal) = last_message(&world, STREAM_EVENTS, &subjects[2].1).await
+        else {
+            panic!("not a terminal");
+        };
+        // The assignment names the job its runner was made for; the claim and the terminal
+        // name the job that runner took, which is one of the six.
+        assert!(
+            named.contains_key(&assignment.forge_task_id),
+            "assignment {id} names no job: {}",
+            assignment.forge_task_id
+        );
+        assert_eq!(claimed.forge_task_id, terminal.forge_task_id, "{id}");
+        let request = named
+            .get(&terminal.forge_task_id)
+            .unwrap_or_else(|| panic!("terminal {id} names no job: {}", terminal.forge_task_id));
+        let expected = if request % 3 == 0 {
+            TaskResult::Failure
+        } else {
+            TaskResult::Success
+        };
+        assert_eq!(terminal.result, expected, "job {request}");
+        made_for.insert(assignment.forge_task_id);
+        ran.insert(terminal.forge_task_id);
+    }
+    let every_job: BTreeSet<i64> = named.keys().copied().collect();
+    assert_eq!(made_for, every_job, "an assignment for every job");
+    assert_eq!(ran, every_job, "a claim and a terminal for every job");
 }

@@ -206,10 +206,9 @@ impl ScaleSetClient {
         if let Some(token) = cached.as_ref().filter(|t| !fresh && t.fresh()) {
             return Ok(token.token.clone());
         }
-        let url = format!(
-            "{}/app/installations/{installation_id}/access_tokens",
-            self.inner.config.api
-        );
+        let url = self.inner.config.rest_url(&format!(
+            "/app/installations/{installation_id}/access_tokens"
+        ));
         let jwt = key.jwt(issuer, unix_now())?;
         let response = self
             .inner
@@ -272,7 +271,7 @@ impl ScaleSetClient {
     /// Registration token, then the Actions service URL and admin token for it.
     async fn renew_admin(&self) -> Result<Admin, GitHubError> {
         let config = &self.inner.config;
-        let url = format!("{}{}", config.api, config.registration_token_path());
+        let url = config.registration_token_url();
         let response = self.rest("registration token", Method::POST, &url).await?;
         if response.status() != StatusCode::CREATED {
             return Err(refused("registration token", response).await);
@@ -282,7 +281,7 @@ impl ScaleSetClient {
             token: String,
         }
         let registration: Token = decode("registration token", response).await?;
-        let url = format!("{}/actions/runner-registration", config.api);
+        let url = config.runner_registration_url();
         let body = json!({"url": config.url, "runner_event": "register"});
         let response = self
             .inner
@@ -609,16 +608,27 @@ impl ScaleSetClient {
         }
     }
 
-    /// Removes a runner. `Ok(false)`: it was already gone. A runner running a job is refused
-    /// (400 `JobStillRunningException`).
-    pub async fn remove_runner(&self, runner: i64) -> Result<bool, GitHubError> {
+    /// Removes a runner: `Ok` means the service holds no runner `runner` any more. The
+    /// service answers 204 both when it removed the runner and when it had none by that id
+    /// (an ephemeral runner is gone after its job), so success does not say whether the
+    /// runner ever took a job: whoever needs to know looks the runner up first
+    /// ([`ScaleSetClient::runner_by_name`]). A runner running a job is refused (400
+    /// `JobStillRunningException`). A 404 `AgentNotFoundException`, which the service is not
+    /// known to send here, would mean the same as the 204 and is taken as such.
+    pub async fn remove_runner(&self, runner: i64) -> Result<(), GitHubError> {
         const OP: &str = "runner remove";
         let path = format!("_apis/distributedtask/pools/0/agents/{runner}");
         let response = self.call(OP, Method::DELETE, &path, &[], None).await?;
         match response.status() {
-            StatusCode::NO_CONTENT | StatusCode::OK => Ok(true),
-            StatusCode::NOT_FOUND => Ok(false),
-            _ => Err(refused(OP, response).await),
+            StatusCode::NO_CONTENT | StatusCode::OK => Ok(()),
+            _ => {
+                let error = refused(OP, response).await;
+                if error.status() == Some(404) && error.is_exception("AgentNotFoundException") {
+                    Ok(())
+                } else {
+                    Err(error)
+                }
+            }
         }
     }
 
@@ -631,10 +641,9 @@ impl ScaleSetClient {
         run_id: i64,
     ) -> Result<(), GitHubError> {
         const OP: &str = "cancel run";
-        let url = format!(
-            "{}/repos/{owner}/{repo}/actions/runs/{run_id}/cancel",
-            self.inner.config.api
-        );
+        let url = self.inner.config.rest_url(&format!(
+            "/repos/{owner}/{repo}/actions/runs/{run_id}/cancel"
+        ));
         let response = self.rest(OP, Method::POST, &url).await?;
         match response.status() {
             StatusCode::ACCEPTED | StatusCode::OK | StatusCode::CONFLICT => Ok(()),
@@ -650,10 +659,10 @@ impl ScaleSetClient {
         run_id: i64,
     ) -> Result<RunOrigin, GitHubError> {
         const OP: &str = "workflow run";
-        let url = format!(
-            "{}/repos/{owner}/{repo}/actions/runs/{run_id}",
-            self.inner.config.api
-        );
+        let url = self
+            .inner
+            .config
+            .rest_url(&format!("/repos/{owner}/{repo}/actions/runs/{run_id}"));
         let response = self.rest(OP, Method::GET, &url).await?;
         let run: Value = Self::expect(OP, response, StatusCode::OK).await?;
         let text = |path: &[&str]| {

@@ -444,13 +444,15 @@ impl<S: Sink> Listener<S> {
 
     /// Removes the runner made for `assignment` if it never had a job: `false` when it has one
     /// now (`JobStillRunningException`) or had one (an ephemeral runner is gone after its job).
+    /// The lookup by name is what tells a runner gone after its job from an idle one: the
+    /// removal itself answers 204 for a runner the service no longer holds as well.
     async fn remove_idle_runner(&self, assignment: &str) -> Result<bool, GitHubError> {
         let name = runner_name(assignment, 1);
         let Some(runner) = self.client.runner_by_name(&name).await? else {
             return Ok(false);
         };
         match self.client.remove_runner(runner.id).await {
-            Ok(_) => Ok(true),
+            Ok(()) => Ok(true),
             Err(error) if error.is_exception("JobStillRunningException") => Ok(false),
             Err(error) => Err(error),
         }

@@ -7,9 +7,11 @@
 //! idempotent under that redelivery.
 //!
 //! Identity: each time GitHub assigns a job to the scale set it becomes one jetrunner
-//! assignment, whose id is derived from the forge, the job's `runnerRequestId` and the message
-//! that assigned it. A job the service assigns again after its runner never started (it sends
-//! `JobCompleted{canceled}` first) gets a new assignment.
+//! assignment, whose id is derived from the forge, the job (its `runnerRequestId`, or its
+//! `jobId` where github.com sends 0 for the former: [`JobFacts::key`]) and the message that
+//! assigned it. Everything about one job is keyed the same way here, and the ledger names the
+//! job by the matching number, [`JobFacts::task_id`]. A job the service assigns again after
+//! its runner never started (it sends `JobCompleted{canceled}` first) gets a new assignment.
 //!
 //! Runners are not bound to jobs: the service hands any job assigned to the scale set to any
 //! idle runner of it. The JIT runner made for one assignment (named `jr-<assignment>-<attempt>`)
@@ -246,7 +248,7 @@ impl ListenerState {
                             });
                         }
                         None => {
-                            tracing::warn!(%runner_name, request = job.runner_request_id, "a job of this scale set started on a runner jetrunner did not make");
+                            tracing::warn!(%runner_name, job = %job.key(), "a job of this scale set started on a runner jetrunner did not make");
                             actions.push(self.withdraw(job, own, Outcome::Cancelled));
                         }
                     }

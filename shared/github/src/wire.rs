@@ -141,6 +141,27 @@ impl JobFacts {
             format!("job-{}", self.job_id)
         }
     }
+
+    /// The job as a number, for jetrunner's `forge_task_id` (assignments, claims, terminals
+    /// and the sealed task's scope), which is an integer: its `runnerRequestId`, or, where
+    /// the service sends 0 for that, a number derived from its `jobId` (the same job, the same
+    /// number, on every replica and after restarts). Derived numbers are negative (62 bits of
+    /// SHA-256, less one), so they are never taken for a `runnerRequestId`, which the service
+    /// counts up from 1. It names the same job as [`JobFacts::key`].
+    pub fn task_id(&self) -> i64 {
+        use sha2::Digest;
+        if self.runner_request_id != 0 {
+            return self.runner_request_id;
+        }
+        let mut hasher = sha2::Sha256::new();
+        hasher.update(b"jetrunner github job id\0");
+        hasher.update(self.job_id.as_bytes());
+        let digest = hasher.finalize();
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&digest[..8]);
+        // 62 bits always fit an i64; the fallback is unreachable.
+        i64::try_from(u64::from_be_bytes(first) >> 2).map_or(-1, |n| -n - 1)
+    }
 }
 
 /// A job message by its `messageType`.
@@ -299,6 +320,25 @@ mod tests {
         };
         assert!(facts.request_labels.is_empty() && facts.job_workflow_ref.is_empty());
         assert_eq!(facts.key(), "job-j-1");
+    }
+
+    #[test]
+    fn a_job_without_a_request_id_gets_a_negative_task_id_of_its_own() {
+        let job = |request: i64, id: &str| JobFacts {
+            runner_request_id: request,
+            job_id: id.into(),
+            ..JobFacts::default()
+        };
+        assert_eq!(job(42, "a").task_id(), 42, "a request id is the task id");
+        let a = job(0, "6f1d0a52-2c9b-4d3e-9a59-1f7c7d6f0a11").task_id();
+        let b = job(0, "0b8e6c1e-7d2a-4f4f-8c3e-5e2f3a9d7b22").task_id();
+        assert!(a < 0 && b < 0, "{a} {b}");
+        assert_ne!(a, b, "two jobs, one task id");
+        assert_eq!(
+            a,
+            job(0, "6f1d0a52-2c9b-4d3e-9a59-1f7c7d6f0a11").task_id(),
+            "the same job, another task id"
+        );
     }
 
     #[test]

@@ -19,6 +19,10 @@ struct Args {
     /// GitHub Enterprise Server style: jobs are offered and must be acquired.
     #[arg(long)]
     acquire_step: bool,
+    /// github.com as seen since 2025: job messages carry `runnerRequestId` 0 and name the job
+    /// by `jobId` only.
+    #[arg(long)]
+    zero_request_ids: bool,
 }
 
 #[tokio::main]
@@ -30,6 +34,7 @@ async fn main() -> anyhow::Result<()> {
     let fake = jr_fake_github::FakeGitHub::start_on(args.listen, &args.pat).await?;
     fake.set_poll_hold(std::time::Duration::from_millis(args.poll_hold_ms));
     fake.set_acquire_step(args.acquire_step);
+    fake.set_zero_request_ids(args.zero_request_ids);
     println!("fake-github listening on {}", fake.url());
     tokio::signal::ctrl_c().await?;
     Ok(())

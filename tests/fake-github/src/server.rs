@@ -86,7 +86,9 @@ pub(crate) struct Tokens {
     pub app: Option<App>,
     /// Installation tokens handed out (accepted like the PAT).
     pub installation: HashSet<String>,
-    registration: HashSet<String>,
+    /// Registration tokens handed out → the scope each registers runners for (see
+    /// `handlers::scope_key`).
+    registration: HashMap<String, String>,
     /// Admin token → expiry (unix seconds).
     admin: HashMap<String, u64>,
     admin_ttl: Duration,
@@ -308,7 +310,7 @@ impl FakeGitHub {
                 pat: pat.to_owned(),
                 app: None,
                 installation: HashSet::new(),
-                registration: HashSet::new(),
+                registration: HashMap::new(),
                 admin: HashMap::new(),
                 admin_ttl: Duration::from_secs(600),
             }),
@@ -364,6 +366,14 @@ impl FakeGitHub {
     /// GHES style (`JobAvailable` + acquire) instead of github.com's direct assignment.
     pub fn set_acquire_step(&self, on: bool) {
         self.world().acquire_step = on;
+    }
+
+    /// github.com as seen since 2025: job messages carry `runnerRequestId` 0 and name the job
+    /// by `jobId` only (for jobs queued from now on; the fake still knows every job by the id
+    /// [`FakeGitHub::enqueue`] returns). Offers of such jobs cannot be acquired, so this goes
+    /// with direct assignment, not [`FakeGitHub::set_acquire_step`].
+    pub fn set_zero_request_ids(&self, on: bool) {
+        self.world().zero_request_ids = on;
     }
 
     pub fn set_acquire_limit(&self, limit: Option<usize>) {

@@ -57,7 +57,11 @@ pub enum JobState {
 
 #[derive(Clone, Debug)]
 pub struct Job {
+    /// How the fake and its tests know the job.
     pub request_id: i64,
+    /// The `runnerRequestId` its messages carry: `request_id`, or 0 when it was queued while
+    /// [`World::zero_request_ids`] was on.
+    pub message_request_id: i64,
     pub job_id: String,
     pub run_id: i64,
     pub spec: JobSpec,
@@ -138,6 +142,9 @@ pub struct World {
     pub acquire_limit: Option<usize>,
     /// Per scale set: the most jobs assigned to it or running on it at once.
     pub peak_open: BTreeMap<i64, usize>,
+    /// Jobs queued now carry `runnerRequestId` 0 in their messages and are known by `jobId`
+    /// only, as github.com has sent them since 2025 (garm PR #459).
+    pub zero_request_ids: bool,
 }
 
 /// Times a job is assigned before it stays cancelled (a runner never started each time).
@@ -165,7 +172,7 @@ impl World {
     fn job_message(job: &Job, kind: &str, extra: Value) -> Value {
         let mut message = json!({
             "messageType": kind,
-            "runnerRequestId": job.request_id,
+            "runnerRequestId": job.message_request_id,
             "jobId": job.job_id,
             "repositoryName": job.spec.repository,
             "ownerName": job.spec.owner,
@@ -269,10 +276,12 @@ impl World {
     pub fn enqueue(&mut self, spec: JobSpec) -> i64 {
         let request_id = self.fresh_id();
         let run_id = self.fresh_id() * 10;
+        let message_request_id = if self.zero_request_ids { 0 } else { request_id };
         self.jobs.insert(
             request_id,
             Job {
                 request_id,
+                message_request_id,
                 job_id: uuid::Uuid::new_v4().to_string(),
                 run_id,
                 spec,
@@ -380,10 +389,11 @@ impl World {
             {
                 break;
             }
-            let offered = self
-                .jobs
-                .get(id)
-                .is_some_and(|j| j.state == JobState::Available { scale_set: set });
+            // Jobs are acquired by the `runnerRequestId` their offer carried; one offered
+            // with 0 cannot be named.
+            let offered = self.jobs.get(id).is_some_and(|j| {
+                j.message_request_id == *id && j.state == JobState::Available { scale_set: set }
+            });
             if offered && !granted.contains(id) {
                 self.assign(*id, set);
                 granted.push(*id);

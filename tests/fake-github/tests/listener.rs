@@ -2,8 +2,8 @@
 //! start the JIT runner they were given: every job final once, no runner left, no session
 //! left, pacing kept, redelivery and restarts without duplicates.
 
-use std::collections::BTreeMap;
 use std::collections::btree_map::Entry;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -19,6 +19,8 @@ use tokio_util::sync::CancellationToken;
 
 const PAT: &str = "ghp_listener";
 
+/// Jobs are recorded by [`JobFacts::task_id`], the number jetrunner's ledger names them by
+/// (their `runnerRequestId`, or one derived from their `jobId` where that is 0).
 #[derive(Default)]
 struct Ledger {
     /// Assignment → (request id, JIT config, publishes seen).
@@ -111,7 +113,7 @@ impl Sink for Shared {
         }
         let mut ledger = self.ledger();
         let entry = ledger.assignments.entry(assignment.to_owned()).or_insert((
-            job.runner_request_id,
+            job.task_id(),
             jit.encoded.clone(),
             0,
         ));
@@ -126,7 +128,7 @@ impl Sink for Shared {
     }
 
     async fn holder(&self, job: &JobFacts) -> Result<Option<String>, SinkError> {
-        Ok(self.ledger().made_for(job.runner_request_id))
+        Ok(self.ledger().made_for(job.task_id()))
     }
 
     async fn claimed(
@@ -145,7 +147,7 @@ impl Sink for Shared {
         match ledger.claims.entry(assignment.to_owned()) {
             Entry::Occupied(_) => ledger.repeats += 1,
             Entry::Vacant(v) => {
-                v.insert((runner_name.to_owned(), 0, job.runner_request_id));
+                v.insert((runner_name.to_owned(), 0, job.task_id()));
             }
         }
         Ok(())
@@ -158,12 +160,12 @@ impl Sink for Shared {
         outcome: &Outcome,
     ) -> Result<(), SinkError> {
         self.ledger()
-            .finish(assignment, (outcome.clone(), job.runner_request_id, false));
+            .finish(assignment, (outcome.clone(), job.task_id(), false));
         Ok(())
     }
 
     async fn made_for(&self, job: &JobFacts) -> Result<Option<String>, SinkError> {
-        Ok(self.ledger().made_for(job.runner_request_id))
+        Ok(self.ledger().made_for(job.task_id()))
     }
 
     async fn idle_runner(&self, assignment: &str) -> Result<bool, SinkError> {
@@ -178,7 +180,7 @@ impl Sink for Shared {
         outcome: &Outcome,
     ) -> Result<(), SinkError> {
         self.ledger()
-            .finish(assignment, (outcome.clone(), job.runner_request_id, true));
+            .finish(assignment, (outcome.clone(), job.task_id(), true));
         Ok(())
     }
 
@@ -190,7 +192,7 @@ impl Sink for Shared {
     ) -> Result<(), SinkError> {
         self.ledger()
             .refused
-            .insert(job.runner_request_id, reason.to_owned());
+            .insert(job.task_id(), reason.to_owned());
         Ok(())
     }
 
@@ -322,9 +324,21 @@ fn listener(run: &Run) -> Listener<Shared> {
     }
 }
 
+/// The number the ledger knows the fake's job `request_id` by.
+fn task_id(run: &Run, request_id: i64) -> i64 {
+    let job = run.fake.job(request_id).expect("job");
+    JobFacts {
+        runner_request_id: job.message_request_id,
+        job_id: job.job_id,
+        ..JobFacts::default()
+    }
+    .task_id()
+}
+
 /// Every enqueued job is final once in the ledger, on the runner that took it, with the
 /// result that runner reported, and GitHub agrees; no runner is left registered.
 fn assert_all_final_once(run: &Run, jobs: &[i64]) {
+    let named: Vec<i64> = jobs.iter().map(|j| task_id(run, *j)).collect();
     let ledger = run.sink.ledger();
     // Counted before grouping by job, so a second assignment of one job shows; a job
     // cancelled before it ran leaves its runner's assignment withdrawn.
@@ -334,11 +348,11 @@ fn assert_all_final_once(run: &Run, jobs: &[i64]) {
         jobs.len() + withdrawn,
         "assignments, one per job"
     );
-    for job in jobs {
+    for (job, named) in jobs.iter().zip(&named) {
         let finals: Vec<_> = ledger
             .finals
             .iter()
-            .filter(|(_, (_, r, _))| r == job)
+            .filter(|(_, (_, r, _))| r == named)
             .collect();
         let [(assignment, (outcome, _, withdrawn))] = finals[..] else {
             panic!("job {job}: terminals {finals:?}");
@@ -351,7 +365,7 @@ fn assert_all_final_once(run: &Run, jobs: &[i64]) {
         assert_eq!((outcome, *withdrawn), (&expected, false), "job {job}");
         assert_eq!(
             ledger.claims.get(assignment).map(|c| c.2),
-            Some(*job),
+            Some(*named),
             "job {job} not claimed on the runner that finished it"
         );
         let state = run.fake.job(*job).map(|j| j.state);
@@ -394,6 +408,29 @@ async fn every_assigned_job_is_claimed_and_final_once_and_no_runner_is_left() {
             .values()
             .all(|(_, _, n)| *n == 1)
     );
+}
+
+#[tokio::test]
+async fn jobs_github_com_sends_without_a_request_id_are_each_claimed_and_final_once() {
+    let run = start(false, 100).await;
+    run.fake.set_zero_request_ids(true);
+    let stop = CancellationToken::new();
+    let work = tokio::spawn(workloads(run.fake.clone(), run.sink.clone(), stop.clone()));
+    let handle = spawn(listener(&run), &stop, false);
+    let jobs: Vec<i64> = (0..6)
+        .map(|_| run.fake.enqueue(JobSpec::push(&["jetrunner"])))
+        .collect();
+    all_final(&run, jobs.len()).await;
+    stop.cancel();
+    handle.await.expect("join").expect("listener");
+    work.await.expect("workloads");
+    let named: BTreeSet<i64> = jobs.iter().map(|j| task_id(&run, *j)).collect();
+    assert_eq!(named.len(), jobs.len(), "two jobs are named alike");
+    assert!(
+        named.iter().all(|n| *n < 0),
+        "a job without a request id is named like one with: {named:?}"
+    );
+    assert_all_final_once(&run, &jobs);
 }
 
 #[tokio::test]

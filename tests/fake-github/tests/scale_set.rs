@@ -367,12 +367,14 @@ async fn runners_are_removed_unless_busy_and_names_are_unique() {
             .map(|r| r.id),
         Some(idle.runner.id)
     );
-    assert!(client.remove_runner(idle.runner.id).await.expect("remove"));
+    client.remove_runner(idle.runner.id).await.expect("remove");
     assert!(
-        !client
-            .remove_runner(idle.runner.id)
+        client
+            .runner_by_name("idle")
             .await
-            .expect("remove again")
+            .expect("lookup")
+            .is_none(),
+        "a removed runner is still listed"
     );
     assert!(
         fake.start_runner(&idle.encoded).is_err(),
@@ -575,4 +577,150 @@ async fn the_runner_side_and_the_job_queue_work_over_http() {
         .await
         .expect("bad");
     assert_eq!(bad.status(), 400);
+}
+
+/// Statuses the fake answered on `route`, oldest first.
+fn statuses(fake: &FakeGitHub, route: Route) -> Vec<u16> {
+    fake.requests()
+        .iter()
+        .filter(|r| r.route == route)
+        .map(|r| r.status)
+        .collect()
+}
+
+#[tokio::test]
+async fn removing_a_runner_the_service_no_longer_holds_is_answered_204_and_counts_as_removed() {
+    let (fake, client, session) = setup("jr-gone").await;
+    let set = session.scale_set();
+    // A runner that ran its job: the ephemeral runner is gone from the service afterwards.
+    let request = fake.enqueue(JobSpec::push(&["jr-gone"]));
+    let ran = client
+        .generate_jit_config(set, "ran", "")
+        .await
+        .expect("jit");
+    let (runner, job) = fake.start_runner(&ran.encoded).expect("start");
+    assert_eq!(job, Some(request));
+    fake.finish_runner(runner, "succeeded").expect("finish");
+    assert!(
+        client
+            .runner_by_name("ran")
+            .await
+            .expect("lookup")
+            .is_none(),
+        "the runner is listed after its job"
+    );
+    client
+        .remove_runner(runner)
+        .await
+        .expect("a runner gone after its job counts as removed");
+    // An id the service never had is answered alike.
+    client
+        .remove_runner(999_999)
+        .await
+        .expect("an unknown runner counts as removed");
+    assert_eq!(
+        statuses(&fake, Route::DeleteRunner),
+        vec![204, 204],
+        "the service answers 204 for a runner it does not hold"
+    );
+    // A busy runner is still refused, and stays registered.
+    fake.enqueue(JobSpec::push(&["jr-gone"]));
+    let busy = client
+        .generate_jit_config(set, "busy", "")
+        .await
+        .expect("jit");
+    let (busy_id, job) = fake.start_runner(&busy.encoded).expect("start");
+    assert!(job.is_some());
+    let error = client
+        .remove_runner(busy_id)
+        .await
+        .expect_err("busy runner removed");
+    assert!(
+        error.status() == Some(400) && error.is_exception("JobStillRunningException"),
+        "{error}"
+    );
+    assert!(fake.runners().iter().any(|r| r.id == busy_id));
+}
+
+/// A client configured with `url` and no API override, as for a GitHub Enterprise Server.
+fn ghes_client(url: String) -> ScaleSetClient {
+    ScaleSetClient::new(Settings {
+        url,
+        api: None,
+        credentials: Credentials::Pat(PAT.into()),
+        retry: RetryPolicy {
+            attempts: 2,
+            base: Duration::from_millis(10),
+            cap: Duration::from_millis(50),
+            max_retry_after: Duration::from_secs(5),
+        },
+        user_agent: "jetrunner-test".into(),
+    })
+    .expect("client")
+}
+
+#[tokio::test]
+async fn an_enterprise_server_url_with_a_port_reaches_the_rest_api_at_that_port_under_api_v3() {
+    let fake = FakeGitHub::start(PAT).await.expect("fake");
+    // The fake listens on a port of its own (never 80): a client that drops the port, or
+    // the `/api/v3` prefix, does not reach it. Each scope's registration token is made on
+    // its own path, and the fake lets it register only the scope the URL names.
+    for scope in ["acme", "acme/app", "Enterprises/big"] {
+        let client = ghes_client(format!("{}/{scope}", fake.url()));
+        let group = client
+            .runner_group("default")
+            .await
+            .unwrap_or_else(|e| panic!("{scope}: {e}"));
+        assert_eq!(group.id, 1, "{scope}");
+    }
+    assert_eq!(
+        statuses(&fake, Route::RegistrationToken),
+        vec![201, 201, 201]
+    );
+    assert_eq!(
+        statuses(&fake, Route::RunnerRegistration),
+        vec![201, 201, 201]
+    );
+}
+
+#[tokio::test]
+async fn a_registration_token_registers_only_the_scope_it_was_made_for() {
+    let fake = FakeGitHub::start(PAT).await.expect("fake");
+    let http = reqwest::Client::new();
+    let token: serde_json::Value = http
+        .post(format!(
+            "{}/api/v3/orgs/acme/actions/runners/registration-token",
+            fake.url()
+        ))
+        .bearer_auth(PAT)
+        .send()
+        .await
+        .expect("registration token")
+        .json()
+        .await
+        .expect("json");
+    let token = token["token"].as_str().expect("token").to_owned();
+    let register = |url: String| {
+        let http = http.clone();
+        let registration = format!("{}/api/v3/actions/runner-registration", fake.url());
+        let token = token.clone();
+        async move {
+            http.post(registration)
+                .header("Authorization", format!("RemoteAuth {token}"))
+                .json(&serde_json::json!({"url": url, "runner_event": "register"}))
+                .send()
+                .await
+                .expect("runner registration")
+                .status()
+                .as_u16()
+        }
+    };
+    let base = fake.url();
+    assert_eq!(register(format!("{base}/other")).await, 403, "another org");
+    assert_eq!(
+        register(format!("{base}/acme/app")).await,
+        403,
+        "a repository"
+    );
+    assert_eq!(register(format!("{base}/ACME/")).await, 201, "its own org");
 }

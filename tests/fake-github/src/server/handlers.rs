@@ -10,8 +10,10 @@ use super::*;
 
 pub(super) fn router(shared: Arc<Shared>) -> Router {
     const S: &str = "/actions-service/_apis";
-    Router::new()
-        .merge(super::admin::routes())
+    // The REST side, served where api.github.com has it (the root) and where a GitHub
+    // Enterprise Server has it (`/api/v3`), so a client that derives the API base from a
+    // server's URL reaches it only at the right port and path.
+    let rest = Router::new()
         .route(
             "/app/installations/{installation}/access_tokens",
             post(access_token),
@@ -24,6 +26,10 @@ pub(super) fn router(shared: Arc<Shared>) -> Router {
             "/repos/{owner}/{repo}/actions/runners/registration-token",
             post(registration_token_repo),
         )
+        .route(
+            "/enterprises/{enterprise}/actions/runners/registration-token",
+            post(registration_token_enterprise),
+        )
         .route("/actions/runner-registration", post(runner_registration))
         .route(
             "/repos/{owner}/{repo}/actions/runs/{run}",
@@ -32,7 +38,11 @@ pub(super) fn router(shared: Arc<Shared>) -> Router {
         .route(
             "/repos/{owner}/{repo}/actions/runs/{run}/cancel",
             post(cancel_run),
-        )
+        );
+    Router::new()
+        .merge(super::admin::routes())
+        .merge(rest.clone())
+        .nest("/api/v3", rest)
         .route(&format!("{S}/runtime/runnergroups/"), get(runner_groups))
         .route(
             &format!("{S}/runtime/runnerscalesets"),
@@ -79,13 +89,38 @@ pub(super) fn router(shared: Arc<Shared>) -> Router {
 
 pub(super) type St = State<Arc<Shared>>;
 
-fn registration_token(shared: &Shared, headers: &HeaderMap) -> Response {
+/// Whose runners a registration token registers: `org:NAME`, `repo:OWNER/NAME` or
+/// `enterprise:NAME`, lower-cased (GitHub's names are case-insensitive).
+fn scope_key(kind: &str, name: &str) -> String {
+    format!("{kind}:{}", name.to_ascii_lowercase())
+}
+
+/// The scope a config URL (the `url` of a runner registration) names, read as
+/// actions/scaleset reads it; `None` for a URL that names none.
+fn url_scope(url: &str) -> Option<String> {
+    let (_, rest) = url.split_once("://")?;
+    let path = rest.split_once('/').map_or("", |(_, path)| path);
+    let path = path.split(['?', '#']).next().unwrap_or_default();
+    let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    match segments.as_slice() {
+        [kind, name] if kind.eq_ignore_ascii_case("enterprises") => {
+            Some(scope_key("enterprise", name))
+        }
+        [org] => Some(scope_key("org", org)),
+        [owner, repo] => Some(scope_key("repo", &format!("{owner}/{repo}"))),
+        _ => None,
+    }
+}
+
+fn registration_token(shared: &Shared, headers: &HeaderMap, scope: String) -> Response {
     if let Some(r) = shared.fault(Route::RegistrationToken) {
         return shared.record(Route::RegistrationToken, r);
     }
     let response = if shared.pat_ok(headers) {
         let token = random_token("REG");
-        lock(&shared.tokens).registration.insert(token.clone());
+        lock(&shared.tokens)
+            .registration
+            .insert(token.clone(), scope);
         json_reply(
             StatusCode::CREATED,
             &json!({"token": token, "expires_at": "2099-01-01T00:00:00Z"}),
@@ -101,18 +136,26 @@ fn registration_token(shared: &Shared, headers: &HeaderMap) -> Response {
 
 async fn registration_token_org(
     State(s): St,
-    Path(_org): Path<String>,
+    Path(org): Path<String>,
     headers: HeaderMap,
 ) -> Response {
-    registration_token(&s, &headers)
+    registration_token(&s, &headers, scope_key("org", &org))
 }
 
 async fn registration_token_repo(
     State(s): St,
-    Path(_p): Path<(String, String)>,
+    Path((owner, repo)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Response {
-    registration_token(&s, &headers)
+    registration_token(&s, &headers, scope_key("repo", &format!("{owner}/{repo}")))
+}
+
+async fn registration_token_enterprise(
+    State(s): St,
+    Path(enterprise): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    registration_token(&s, &headers, scope_key("enterprise", &enterprise))
 }
 
 async fn runner_registration(State(s): St, headers: HeaderMap, body: Bytes) -> Response {
@@ -121,20 +164,29 @@ async fn runner_registration(State(s): St, headers: HeaderMap, body: Bytes) -> R
     }
     let token = bearer(&headers, "RemoteAuth").unwrap_or_default();
     let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    let response = if !lock(&s.tokens).registration.contains(&token) {
+    let token_scope = lock(&s.tokens).registration.get(&token).cloned();
+    let url = request
+        .get("url")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let response = if token_scope.is_none() {
         json_reply(
             StatusCode::UNAUTHORIZED,
             &json!({"message": "registration token invalid"}),
         )
     } else if request.get("runner_event").and_then(Value::as_str) != Some("register")
-        || request
-            .get("url")
-            .and_then(Value::as_str)
-            .is_none_or(str::is_empty)
+        || url.is_empty()
     {
         json_reply(
             StatusCode::BAD_REQUEST,
             &json!({"message": "url and runner_event=register required"}),
+        )
+    } else if url_scope(url) != token_scope {
+        // A registration token registers runners of the scope it was made for; a URL that
+        // names another one (or none) is refused.
+        json_reply(
+            StatusCode::FORBIDDEN,
+            &json!({"message": format!("the registration token is not for {url}")}),
         )
     } else {
         let mut tokens = lock(&s.tokens);
@@ -482,11 +534,9 @@ async fn delete_runner(
     }
     let mut world = lock(&s.world);
     let response = match world.runners.get(&rid).map(|r| r.job.is_some()) {
-        None => exception(
-            StatusCode::NOT_FOUND,
-            "AgentNotFoundException",
-            "no such runner",
-        ),
+        // The real service answers a runner it no longer holds (an ephemeral runner is gone
+        // after its job) as it answers a removal: 204.
+        None => StatusCode::NO_CONTENT.into_response(),
         Some(true) => exception(
             StatusCode::BAD_REQUEST,
             "JobStillRunningException",
