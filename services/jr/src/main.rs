@@ -262,6 +262,9 @@ fn render_intakes(out: &mut String, body: &serde_json::Value, now_ms: u64) {
             text(&i["layout"]),
             labels.join(", ")
         );
+        if let Some(error) = i["error"].as_str() {
+            let _ = writeln!(out, "  NOT WORKING, retried: {error}");
+        }
         for b in i["backends"].as_array().into_iter().flatten() {
             let counts = format!(
                 "room {}, waiting {}",
@@ -719,6 +722,20 @@ mod tests {
         assert!(
             text.contains("  vm: blocked — full: lookahead in use, jobs wait at the forge since 2024-02-28 23:46:40 UTC (room 0, waiting 4)\n"),
             "{text}"
+        );
+        // An intake whose forge refuses it says why.
+        let refused = render_status(
+            &serde_json::json!({"backends": [], "intakes": [{"registration": "github.gh",
+                "forge": "github", "layout": "scale-set", "declared_labels": [], "fetching": false,
+                "backends": [], "replica": "scheduler_1", "updated_at_ms": now, "stale": false,
+                "error": "registration token: HTTP 401: Bad credentials"}]}),
+            now,
+        );
+        assert!(
+            refused.contains(
+                "intake github.gh (github, scale-set): not fetching, declares []\n  NOT WORKING, retried: registration token: HTTP 401: Bad credentials\n"
+            ),
+            "{refused}"
         );
         let unreadable = render_status(
             &serde_json::json!({"backends": [], "intakes_error": "key-value bucket JR_INTAKES: timed out"}),

@@ -66,31 +66,6 @@ async fn open_store(url: &str, shutdown: &CancellationToken) -> anyhow::Result<O
     }
 }
 
-/// The KV bucket `bucket`, created when it is missing (an existing one is left as it is, with
-/// its values).
-async fn ensure_bucket(
-    bus: &jr_bus::Bus,
-    bucket: &str,
-    description: &str,
-    history: i64,
-    replicas: usize,
-) -> anyhow::Result<jr_bus::async_nats::jetstream::kv::Store> {
-    use jr_bus::async_nats::jetstream::kv;
-    if let Ok(store) = bus.jetstream().get_key_value(bucket).await {
-        return Ok(store);
-    }
-    Ok(bus
-        .jetstream()
-        .create_key_value(kv::Config {
-            bucket: bucket.to_owned(),
-            description: description.to_owned(),
-            history,
-            num_replicas: replicas,
-            ..Default::default()
-        })
-        .await?)
-}
-
 pub async fn run(p: Process) -> anyhow::Result<()> {
     let shutdown = p.shutdown.token();
     let cfg = p.config.reconciler.clone();
@@ -101,15 +76,14 @@ pub async fn run(p: Process) -> anyhow::Result<()> {
         .ensure_topology_retrying(&topology, &shutdown)
         .await
         .context("declaring streams")?;
-    ensure_bucket(
-        &p.bus,
-        jr_bus::permissions::PLACEMENT_BUCKET,
-        "placement switches set by operators (key burst: off, on, on:<percent>)",
-        10,
-        p.config.nats.stream_replicas,
-    )
-    .await
-    .context("declaring the KV bucket of the placement switches")?;
+    p.bus
+        .key_value(
+            jr_bus::permissions::PLACEMENT_BUCKET,
+            "placement switches set by operators (key burst: off, on, on:<percent>)",
+            10,
+        )
+        .await
+        .context("declaring the KV bucket of the placement switches")?;
     let Some(store) = open_store(&p.config.database.url, &shutdown).await? else {
         return Ok(());
     };
@@ -160,15 +134,15 @@ pub async fn run(p: Process) -> anyhow::Result<()> {
     // One replica projects and plans: the holder of the lease in `JR_RECONCILER`. Any replica
     // serves the status API (it reads the projection).
     let policy = jr_service::lease_policy(&p.config)?;
-    let lease_store = ensure_bucket(
-        &p.bus,
-        jr_bus::permissions::RECONCILER_BUCKET,
-        "the reconciler's lease (key lease.reconciler)",
-        1,
-        p.config.nats.stream_replicas,
-    )
-    .await
-    .context("declaring the KV bucket JR_RECONCILER")?;
+    let lease_store = p
+        .bus
+        .key_value(
+            jr_bus::permissions::RECONCILER_BUCKET,
+            "the reconciler's lease (key lease.reconciler)",
+            1,
+        )
+        .await
+        .context("declaring the KV bucket JR_RECONCILER")?;
     let me = jr_bus::lease::replica_id("reconciler");
     tracing::info!(replica = %me, "reconciler replica");
     let mut leadership = jr_bus::lease::spawn_lease(

@@ -46,6 +46,11 @@ pub async fn run_registration(
         if shutdown.is_cancelled() {
             return;
         }
+        let labels = labels_in_effect(&d, &planned).await;
+        let planned = Planned {
+            labels,
+            ..planned.clone()
+        };
         let error = match planned.establish(&config, shared.as_ref(), &shutdown).await {
             Ok(registration) => {
                 d.intakes.report(&name, None, None, speaks(&shared));
@@ -77,6 +82,33 @@ pub async fn run_registration(
         tokio::select! {
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(backoff.next_delay()) => {}
+        }
+    }
+}
+
+/// The labels a registration's runner declares when it is established. One serving several
+/// backends declares what the replica fetching for it declares now (its record in
+/// `JR_INTAKES`, if fresh), so a replica starting or coming back does not hand the forge the
+/// labels of a backend that was withdrawn; the fetching replica applies its own declaration
+/// again in any case (at takeover and every few seconds).
+async fn labels_in_effect(d: &Dispatcher, planned: &Planned) -> Vec<String> {
+    if planned.backends.len() < 2 {
+        return planned.labels.clone();
+    }
+    let fresh = jr_bus::intake::REFRESH_EVERY * 3;
+    match jr_bus::intake::read(&d.bus, std::slice::from_ref(&planned.name)).await {
+        Ok(records) => records
+            .into_iter()
+            .find(|r| {
+                r.error.is_none()
+                    && !r.declared_labels.is_empty()
+                    && jr_protocol::now_ms().saturating_sub(r.updated_at_ms)
+                        < u64::try_from(fresh.as_millis()).unwrap_or(u64::MAX)
+            })
+            .map_or_else(|| planned.labels.clone(), |r| r.declared_labels),
+        Err(e) => {
+            tracing::debug!(registration = %planned.name, error = %e, "the intake record is not readable; declaring every label");
+            planned.labels.clone()
         }
     }
 }

@@ -134,7 +134,7 @@ impl JetStreamLedger {
         let subject = subject::assignment(backend, id);
         match self.bus.last_on_subject(STREAM_ASSIGNMENTS, &subject).await {
             Ok(None) => return Ok(None),
-            Ok(Some((_, e))) if crate::redispatch::sealed_by(&self.sealer, &e).is_ok() => {
+            Ok(Some((_, e))) if crate::ours::sealed_by(&self.sealer, &e).is_ok() => {
                 return Ok(Some(e));
             }
             Ok(Some(_)) | Err(jr_bus::BusError::DecodeLast { .. }) => {
@@ -142,13 +142,13 @@ impl JetStreamLedger {
             }
             Err(e) => return Err(LedgerError::unavailable(e)),
         }
-        let history = crate::redispatch::history(&self.bus, &subject)
+        let history = crate::ours::history(&self.bus, &subject)
             .await
             .map_err(|e| LedgerError::unavailable(e.to_string()))?;
         Ok(history
             .into_iter()
             .rev()
-            .find(|e| crate::redispatch::sealed_by(&self.sealer, e).is_ok()))
+            .find(|e| crate::ours::sealed_by(&self.sealer, e).is_ok()))
     }
 
     async fn exists(

@@ -4,9 +4,9 @@
 //! executor claims them; it hosts the facade executors talk to; and it executes `fail-task`
 //! commands.
 
+pub mod commands;
 pub mod declaration;
 pub mod facade;
-pub mod fail_task;
 pub mod fetcher;
 pub mod forge_report;
 pub mod forges;
@@ -16,9 +16,9 @@ pub mod intake;
 pub mod intakes;
 pub mod ledger;
 pub mod metrics;
+pub mod ours;
 pub mod pacing;
 pub mod presence;
-pub mod redispatch;
 pub mod registration;
 pub mod request_key;
 pub mod routing;

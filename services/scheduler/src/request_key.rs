@@ -30,19 +30,13 @@ pub struct RequestKeys {
 
 /// The scheduler's KV bucket, created when missing (request keys and fetch leases).
 pub async fn open_bucket(bus: &Bus) -> Result<kv::Store, KeyStoreError> {
-    let js = bus.jetstream();
-    match js.get_key_value(BUCKET).await {
-        Ok(store) => Ok(store),
-        Err(_) => js
-            .create_key_value(kv::Config {
-                bucket: BUCKET.to_owned(),
-                history: 1,
-                num_replicas: bus.replicas(),
-                ..Default::default()
-            })
-            .await
-            .map_err(err),
-    }
+    bus.key_value(
+        BUCKET,
+        "the scheduler's leases, shared runner credentials, request keys and GitHub cursors",
+        1,
+    )
+    .await
+    .map_err(err)
 }
 
 impl RequestKeys {

@@ -70,21 +70,17 @@ impl Router {
             .as_deref()
             .and_then(find)
             .map(|(b, _)| b.clone());
-        let mut declared: Vec<String> = backends.iter().flat_map(|(_, l)| l.clone()).collect();
-        declared.sort();
-        declared.dedup();
         let trust = config
             .enabled_backends()
             .map(|(n, b)| (n, b.trust_level()))
             .collect();
-        Self {
+        Self::assemble(
             backends,
             rules,
             default,
-            declared,
             trust,
-            policy: config.routing.trust.policy(),
-        }
+            config.routing.trust.policy(),
+        )
     }
 
     /// Labels-only routing over `backends` (every one trusted, the default trust policy): the
@@ -94,20 +90,31 @@ impl Router {
         rules: Vec<(String, BackendName)>,
         default: Option<BackendName>,
     ) -> Self {
-        let mut declared: Vec<String> = backends.iter().flat_map(|(_, l)| l.clone()).collect();
-        declared.sort();
-        declared.dedup();
         let trust = backends
             .iter()
             .map(|(b, _)| (b.clone(), TrustLevel::Trusted))
             .collect();
+        let policy = jr_config::TrustConfig::default().policy();
+        Self::assemble(backends, rules, default, trust, policy)
+    }
+
+    fn assemble(
+        backends: Vec<(BackendName, Vec<String>)>,
+        rules: Vec<(String, BackendName)>,
+        default: Option<BackendName>,
+        trust: Vec<(BackendName, TrustLevel)>,
+        policy: TrustPolicy,
+    ) -> Self {
+        let mut declared: Vec<String> = backends.iter().flat_map(|(_, l)| l.clone()).collect();
+        declared.sort();
+        declared.dedup();
         Self {
             backends,
             rules,
             default,
             declared,
             trust,
-            policy: jr_config::TrustConfig::default().policy(),
+            policy,
         }
     }
 

@@ -108,13 +108,51 @@ pub async fn run(
     metrics: Option<&jr_telemetry::Metrics>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    build(config, bus, readiness, metrics, &shutdown)
+        .await?
+        .run(shutdown)
+        .await
+}
+
+/// The scheduler's parts, built and connected, not running yet.
+pub struct Scheduler {
+    config: Arc<Config>,
+    bus: Bus,
+    readiness: jr_telemetry::Readiness,
+    dispatcher: Arc<Dispatcher>,
+    facade: Arc<Facade<JetStreamLedger>>,
+    listener: tokio::net::TcpListener,
+    tls: Option<TlsSettings>,
+    unclaimed: Arc<Unclaimed>,
+    forges: Forges,
+    planned: Vec<crate::forges::Planned>,
+    shared: BTreeMap<String, SharedCredentials>,
+    commands: ConsumerSpec,
+    github_forges: Vec<crate::github_forge::GitHubForge>,
+    github_clients: Arc<crate::commands::GitHubClients>,
+    store: jr_bus::async_nats::jetstream::kv::Store,
+    me: String,
+    policy: jr_lease::Policy,
+    warm: bool,
+}
+
+/// Builds the scheduler from `config`: checks what the config gives (keys, TLS, GitHub
+/// credentials), declares the streams, starts the registrations' leases, builds the dispatcher
+/// and the facade and binds the facade's port. Nothing talks to a forge yet.
+pub async fn build(
+    config: Config,
+    bus: Bus,
+    readiness: jr_telemetry::Readiness,
+    metrics: Option<&jr_telemetry::Metrics>,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<Scheduler> {
     let ready = |check: &str, ok: bool| readiness.set(check, ok);
     let router = Router::from_config(&config);
     let sealer = Arc::new(sealer_from_config(&config)?);
     let tls = tls_from_config(&config)?;
     let commands = ConsumerSpec::scheduler_commands();
     let github_forges = crate::github_forge::GitHubForge::from_config(&config)?;
-    let github_clients: Arc<crate::fail_task::GitHubClients> = Arc::new(
+    let github_clients: Arc<crate::commands::GitHubClients> = Arc::new(
         github_forges
             .iter()
             .map(|f| (f.entry.name.clone(), f.client.clone()))
@@ -125,7 +163,7 @@ pub async fn run(
             .replicas(config.nats.stream_replicas)
             .stream_limits(jr_service::stream_limits(&config.nats))
             .consumer(commands.clone()),
-        &shutdown,
+        shutdown,
     )
     .await
     .context("declaring streams and consumers")?;
@@ -218,7 +256,8 @@ pub async fn run(
         .filter(|(_, b)| b.enabled && b.warm.as_ref().is_some_and(|w| w.max_idle() > 0))
         .map(|(name, _)| name)
         .collect();
-    if !warm_backends.is_empty() && (token_keys.is_empty() || !mode.uses_token()) {
+    let warm = !warm_backends.is_empty();
+    if warm && (token_keys.is_empty() || !mode.uses_token()) {
         anyhow::bail!(
             "backend(s) {warm_backends:?} keep warm executors, which authenticate with a token the facade checks itself: give the scheduler every worker's token_key(_file) and use facade.mode token or both"
         );
@@ -254,116 +293,152 @@ pub async fn run(
         .with_context(|| format!("binding facade.listen {}", config.facade.listen))?;
     tracing::info!(listen = %config.facade.listen, registrations = forges.registrations().len(), "scheduler running");
 
-    let mut tasks = TaskSet::new(Shutdown::from(shutdown.clone()));
-    {
-        let (f, stop) = (facade.clone(), shutdown.clone());
-        tasks.spawn("facade", async move {
-            serve(listener, f, tls, async move { stop.cancelled().await }).await
-        });
-    }
-    {
-        let (board, b, stop) = (dispatcher.intakes.clone(), bus.clone(), shutdown.clone());
-        tasks.spawn("intake records", async move {
-            board.run_writer(b, stop).await;
-            Ok::<(), anyhow::Error>(())
-        });
-    }
-    {
-        let (u, f, b, stop) = (unclaimed, forges.clone(), bus.clone(), shutdown.clone());
-        tasks.spawn("keepalive", async move {
-            crate::unclaimed::run_keepalive(u, f, b, stop).await
-        });
-    }
-    {
-        let (b, forges, stop) = (bus.clone(), forges.clone(), shutdown.clone());
-        let sealer = dispatcher.sealer.clone();
-        let github_clients = github_clients.clone();
-        tasks.spawn("fail-task consumer", async move {
-            let handler_bus = b.clone();
-            b.run_consumer(
-                &commands,
-                move |d| {
-                    let (bus, forges, sealer, github) = (
-                        handler_bus.clone(),
-                        forges.clone(),
-                        sealer.clone(),
-                        github_clients.clone(),
-                    );
-                    async move {
-                        // Commands to the scheduler: redispatch, anything else is fail-task's.
-                        match d.envelope.kind() {
-                            jr_protocol::Kind::Redispatch => {
-                                crate::redispatch::handle(&bus, &sealer, d).await
-                            }
-                            _ => crate::fail_task::handle(&bus, &forges, &github, &sealer, d).await,
-                        }
-                    }
-                },
-                ConsumerOptions::default().concurrency(4),
-                stop,
-            )
-            .await
-        });
-    }
-    if !warm_backends.is_empty() {
-        let (f, b, stop) = (facade.clone(), bus.clone(), shutdown.clone());
-        tasks.spawn("warm wake-ups", async move {
-            follow_warm_wakeups(b, f, stop).await;
-            Ok::<(), anyhow::Error>(())
-        });
-    }
-    // Each `[[github]]` entry: a scale set listener on the replica holding its lease.
-    for forge in github_forges {
-        let name = forge.entry.name.clone();
-        let leadership = jr_bus::lease::spawn_lease(
-            jr_bus::lease::LeaseSpec {
-                store: store.clone(),
-                key: format!("lease.github.{name}"),
-                me: me.clone(),
-                policy,
-            },
-            shutdown.clone(),
-        );
-        let (b, kv, sealer, owner, stop) = (
-            bus.clone(),
-            store.clone(),
-            sealer.clone(),
-            me.clone(),
-            shutdown.clone(),
-        );
-        let board = dispatcher.intakes.clone();
-        tasks.spawn("github listener", async move {
-            forge
-                .run(b, kv, sealer, leadership, owner, Some(board), stop)
+    Ok(Scheduler {
+        config: Arc::new(config),
+        bus,
+        readiness,
+        dispatcher,
+        facade,
+        listener,
+        tls,
+        unclaimed,
+        forges,
+        planned,
+        shared,
+        commands,
+        github_forges,
+        github_clients,
+        store,
+        me,
+        policy,
+        warm,
+    })
+}
+
+impl Scheduler {
+    /// Runs every part until `shutdown`, then waits for each to finish.
+    pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        let Scheduler {
+            config,
+            bus,
+            readiness,
+            dispatcher,
+            facade,
+            listener,
+            tls,
+            unclaimed,
+            forges,
+            planned,
+            shared,
+            commands,
+            github_forges,
+            github_clients,
+            store,
+            me,
+            policy,
+            warm,
+        } = self;
+        let mut tasks = TaskSet::new(Shutdown::from(shutdown.clone()));
+        {
+            let (f, stop) = (facade.clone(), shutdown.clone());
+            tasks.spawn("facade", async move {
+                serve(listener, f, tls, async move { stop.cancelled().await }).await
+            });
+        }
+        {
+            let (board, b, stop) = (dispatcher.intakes.clone(), bus.clone(), shutdown.clone());
+            tasks.spawn("intake records", async move {
+                board.run_writer(b, stop).await;
+                Ok::<(), anyhow::Error>(())
+            });
+        }
+        {
+            let (u, f, b, stop) = (unclaimed, forges.clone(), bus.clone(), shutdown.clone());
+            tasks.spawn("keepalive", async move {
+                crate::unclaimed::run_keepalive(u, f, b, stop).await
+            });
+        }
+        {
+            let context = crate::commands::Context {
+                bus: bus.clone(),
+                forges: forges.clone(),
+                github: github_clients.clone(),
+                sealer: dispatcher.sealer.clone(),
+            };
+            let (b, stop) = (bus.clone(), shutdown.clone());
+            tasks.spawn("command consumer", async move {
+                b.run_consumer(
+                    &commands,
+                    move |d| {
+                        let context = context.clone();
+                        async move { crate::commands::handle(&context, d).await }
+                    },
+                    ConsumerOptions::default().concurrency(4),
+                    stop,
+                )
                 .await
-        });
+            });
+        }
+        if warm {
+            let (f, b, stop) = (facade.clone(), bus.clone(), shutdown.clone());
+            tasks.spawn("warm wake-ups", async move {
+                follow_warm_wakeups(b, f, stop).await;
+                Ok::<(), anyhow::Error>(())
+            });
+        }
+        // Each `[[github]]` entry: a scale set listener on the replica holding its lease.
+        for forge in github_forges {
+            let name = forge.entry.name.clone();
+            let leadership = jr_bus::lease::spawn_lease(
+                jr_bus::lease::LeaseSpec {
+                    store: store.clone(),
+                    key: format!("lease.github.{name}"),
+                    me: me.clone(),
+                    policy,
+                },
+                shutdown.clone(),
+            );
+            let (b, kv, sealer, owner, stop) = (
+                bus.clone(),
+                store.clone(),
+                dispatcher.sealer.clone(),
+                me.clone(),
+                shutdown.clone(),
+            );
+            let board = dispatcher.intakes.clone();
+            tasks.spawn("github listener", async move {
+                forge
+                    .run(b, kv, sealer, leadership, owner, Some(board), stop)
+                    .await
+            });
+        }
+        readiness.set("facade", true);
+        let pacing = Pacing {
+            poll_interval: config.forge.poll_interval,
+            max_backoff: config.forge.max_backoff,
+            version_reset_interval: config.forge.version_reset_interval,
+            flavor: config.forge.flavor,
+            task_capacity: config.forge.task_capacity,
+        };
+        for registration in planned {
+            let credentials = shared.get(&registration.name).cloned();
+            let (d, c, stop) = (dispatcher.clone(), config.clone(), shutdown.clone());
+            tasks.spawn("forge registration", async move {
+                crate::intake::run_registration(d, c, registration, credentials, pacing, stop)
+                    .await;
+                Ok::<(), anyhow::Error>(())
+            });
+        }
+        shutdown.cancelled().await;
+        let report = tasks.join_all(std::time::Duration::from_secs(15)).await;
+        anyhow::ensure!(
+            report.is_clean(),
+            "scheduler tasks failed: {:?} unfinished: {:?}",
+            report.failed,
+            report.unfinished
+        );
+        Ok(())
     }
-    ready("facade", true);
-    let pacing = Pacing {
-        poll_interval: config.forge.poll_interval,
-        max_backoff: config.forge.max_backoff,
-        version_reset_interval: config.forge.version_reset_interval,
-        flavor: config.forge.flavor,
-        task_capacity: config.forge.task_capacity,
-    };
-    let config = Arc::new(config);
-    for registration in planned {
-        let credentials = shared.get(&registration.name).cloned();
-        let (d, c, stop) = (dispatcher.clone(), config.clone(), shutdown.clone());
-        tasks.spawn("forge registration", async move {
-            crate::intake::run_registration(d, c, registration, credentials, pacing, stop).await;
-            Ok::<(), anyhow::Error>(())
-        });
-    }
-    shutdown.cancelled().await;
-    let report = tasks.join_all(std::time::Duration::from_secs(15)).await;
-    anyhow::ensure!(
-        report.is_clean(),
-        "scheduler tasks failed: {:?} unfinished: {:?}",
-        report.failed,
-        report.unfinished
-    );
-    Ok(())
 }
 
 /// Wakes the facade's held FetchTask calls of warm executors when their worker binds them

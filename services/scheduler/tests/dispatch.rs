@@ -618,7 +618,7 @@ async fn fail_task_reports_failure_once_and_respects_an_existing_terminal() {
                     let (bus, forges, sealer) =
                         (handler_bus.clone(), forges.clone(), sealer.clone());
                     async move {
-                        jr_scheduler::fail_task::handle(
+                        jr_scheduler::commands::fail_task::handle(
                             &bus,
                             &forges,
                             &Default::default(),

@@ -104,7 +104,7 @@ async fn only_the_schedulers_own_assignments_are_redispatched_and_only_once() {
                 &ConsumerSpec::scheduler_commands(),
                 move |d| {
                     let (bus, sealer) = (handler_bus.clone(), sealer.clone());
-                    async move { jr_scheduler::redispatch::handle(&bus, &sealer, d).await }
+                    async move { jr_scheduler::commands::redispatch::handle(&bus, &sealer, d).await }
                 },
                 ConsumerOptions::default(),
                 stop,

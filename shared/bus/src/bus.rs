@@ -187,6 +187,32 @@ impl Bus {
         self.replicas
     }
 
+    /// The KV bucket `bucket`, created when missing with this bus's replicas, keeping
+    /// `history` values a key (an existing bucket is used as it is, with its values).
+    pub async fn key_value(
+        &self,
+        bucket: &str,
+        description: &str,
+        history: i64,
+    ) -> Result<jetstream::kv::Store, BusError> {
+        if let Ok(store) = self.js.get_key_value(bucket).await {
+            return Ok(store);
+        }
+        self.js
+            .create_key_value(jetstream::kv::Config {
+                bucket: bucket.to_owned(),
+                description: description.to_owned(),
+                history,
+                num_replicas: self.replicas,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| BusError::KeyValue {
+                bucket: bucket.to_owned(),
+                source: Box::new(e),
+            })
+    }
+
     /// Wraps an existing client (tests, or a caller with special connect options). Without
     /// [`Bus::connect`]'s event hook, gated pull loops notice a reconnection only when their
     /// pull request expires.

@@ -124,19 +124,12 @@ fn error(e: impl std::error::Error + Send + Sync + 'static) -> BusError {
 
 /// The bucket, created when missing (by the scheduler; readers only open it).
 pub async fn open_or_create(bus: &Bus) -> Result<kv::Store, BusError> {
-    let js = bus.jetstream();
-    match js.get_key_value(BUCKET).await {
-        Ok(store) => Ok(store),
-        Err(_) => js
-            .create_key_value(kv::Config {
-                bucket: BUCKET.to_owned(),
-                history: 1,
-                num_replicas: bus.replicas(),
-                ..Default::default()
-            })
-            .await
-            .map_err(error),
-    }
+    bus.key_value(
+        BUCKET,
+        "what each intake of the scheduler fetches, and why not",
+        1,
+    )
+    .await
 }
 
 /// The records of `registrations` that exist and can be read; a missing bucket (no scheduler

@@ -32,6 +32,15 @@ capacity = 15
 opensandbox = { url = "http://127.0.0.1:8081" }
 "#;
 
+/// One valid `[[github]]` entry (scale set on the vm backend, a PAT).
+const GITHUB_ENTRY: &str = r#"
+[[github]]
+name = "gh"
+url = "https://github.com/acme"
+backend = "vm"
+pat = "ghp_x"
+"#;
+
 fn load_env(text: &str, env: &[(&str, &str)]) -> Result<Config, ConfigError> {
     load_str(
         text,
@@ -479,13 +488,7 @@ fn runtime_threads_default_to_one_and_are_bounded() {
 
 #[test]
 fn github_entries_load_with_defaults_and_bad_ones_name_their_key() {
-    let entry = r#"
-[[github]]
-name = "gh"
-url = "https://github.com/acme"
-backend = "vm"
-pat = "ghp_x"
-"#;
+    let entry = GITHUB_ENTRY;
     let c = load_env(&format!("{MINIMAL}{entry}"), &[]).expect("valid");
     let g = &c.github[0];
     assert_eq!(
@@ -534,13 +537,7 @@ app_private_key_file = "/run/key.pem"
 
 #[test]
 fn a_deployment_serves_github_alone_without_a_forge_table_but_not_no_forge_at_all() {
-    let github = r#"
-[[github]]
-name = "gh"
-url = "https://github.com/acme"
-backend = "vm"
-pat = "ghp_x"
-"#;
+    let github = GITHUB_ENTRY;
     let without_forge = MINIMAL.replace(
         "[forge]\nurl = \"http://127.0.0.1:3000\"\nregistration_token = \"abc\"\n",
         "",

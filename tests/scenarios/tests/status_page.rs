@@ -199,6 +199,25 @@ async fn the_status_page_shows_what_the_api_says_in_a_real_browser() -> anyhow::
             );
         }
     }
+    // Every intake the status API reports, with each backend taking work or blocked as the
+    // API says.
+    let intakes = status["intakes"].as_array().cloned().unwrap_or_default();
+    assert!(!intakes.is_empty(), "no intake in {status}");
+    for intake in &intakes {
+        let name = intake["registration"].as_str().unwrap_or_default();
+        let rows = table_rows(&dom, &format!("intake-{name}"));
+        for backend in intake["backends"].as_array().into_iter().flatten() {
+            let b = backend["backend"].as_str().unwrap_or_default();
+            let row = rows
+                .iter()
+                .find(|r| r.first().map(String::as_str) == Some(b))
+                .ok_or_else(|| anyhow::anyhow!("intake {name}: no row for {b} in {rows:?}"))?;
+            match backend["blocked"].as_str() {
+                None => assert_eq!(row[1], "taking work", "{name}/{b}: {row:?}"),
+                Some(_) => assert!(row[1].starts_with("blocked"), "{name}/{b}: {row:?}"),
+            }
+        }
+    }
     assert!(
         dom.contains(&format!(
             "id=\"qtotal\">{}</span>",

@@ -45,12 +45,12 @@ pub async fn handle(
     let id = envelope.assignment_id;
     // Act only on an assignment this scheduler published, for this very forge task: anyone
     // else's command (or one naming another task) must not fail a forge task or write its log.
-    let github = match crate::redispatch::history(bus, &subject::assignment(&backend, id)).await {
+    let github = match crate::ours::history(bus, &subject::assignment(&backend, id)).await {
         Ok(history) => {
             let ours = history.iter().rev().find_map(|e| match &e.message {
                 Message::Assignment(a)
                     if a.forge_task_id == forge_task_id
-                        && crate::redispatch::sealed_by(sealer, e).is_ok() =>
+                        && crate::ours::sealed_by(sealer, e).is_ok() =>
                 {
                     Some(match a.forge_kind() {
                         jr_protocol::ForgeKind::GitHub(name) => Some(name),

@@ -15,12 +15,10 @@
 use std::time::Duration;
 
 use jr_bus::{Bus, Delivery, Disposition};
-use jr_forge::proto::runner::v1::Task;
 use jr_protocol::{
     AssignmentId, Envelope, Kind, Message, Redispatch, Redispatched, STREAM_ASSIGNMENTS, now_ms,
     subject,
 };
-use prost::Message as _;
 
 use crate::seal::Sealer;
 
@@ -114,90 +112,7 @@ pub fn decide(
     }
 }
 
-/// Whether `envelope` (an assignment) carries a task sealed by `sealer` for this assignment,
-/// naming the forge task its clear fields name.
-pub fn sealed_by(sealer: &Sealer, envelope: &Envelope) -> Result<(), String> {
-    let Message::Assignment(assignment) = &envelope.message else {
-        return Err(format!("{} is not an assignment", envelope.kind()));
-    };
-    let plaintext = sealer
-        .open(
-            crate::seal::SealScope::of(envelope.assignment_id, assignment),
-            &assignment.sealed_task,
-        )
-        .map_err(|e| e.to_string())?;
-    // A GitHub job's sealed task is its runner's config (the seal's scope binds it to the
-    // assignment and its request id already).
-    match assignment.forge_kind() {
-        jr_protocol::ForgeKind::GitHub(_) => {
-            return serde_json::from_slice::<crate::github::GitHubTask>(&plaintext)
-                .map(|_| ())
-                .map_err(|e| format!("the sealed task is not a GitHub runner config: {e}"));
-        }
-        jr_protocol::ForgeKind::Gitea(_) => {}
-    }
-    let task = Task::decode(plaintext.as_slice())
-        .map_err(|e| format!("the sealed task is not a forge task: {e}"))?;
-    if task.id != assignment.forge_task_id {
-        return Err(format!(
-            "the sealed task is forge task {}, the assignment names {}",
-            task.id, assignment.forge_task_id
-        ));
-    }
-    Ok(())
-}
-
 const RETRY: Duration = Duration::from_secs(2);
-/// Most messages read from one assignment subject (one per attempt, plus anything planted).
-const MAX_HISTORY: usize = 1000;
-
-/// The decodable messages on `subject` of JR_ASSIGNMENTS in stream order (undecodable ones are
-/// skipped), at most [`MAX_HISTORY`] of the latest.
-pub(crate) async fn history(bus: &Bus, subject: &str) -> anyhow::Result<Vec<Envelope>> {
-    use futures::StreamExt as _;
-    use jr_bus::async_nats::jetstream::consumer::{DeliverPolicy, pull::OrderedConfig};
-    use jr_bus::async_nats::jetstream::stream::LastRawMessageErrorKind;
-
-    let stream = bus
-        .jetstream()
-        .get_stream_no_info(STREAM_ASSIGNMENTS)
-        .await?;
-    let last = match stream.get_last_raw_message_by_subject(subject).await {
-        Ok(message) => message.sequence,
-        Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => return Ok(Vec::new()),
-        Err(e) => return Err(e.into()),
-    };
-    let consumer = stream
-        .create_consumer(OrderedConfig {
-            // Named: the scheduler's NATS user may not use the nameless create endpoint.
-            name: Some(jr_bus::permissions::ordered_consumer_name("scheduler")),
-            filter_subject: subject.to_owned(),
-            deliver_policy: DeliverPolicy::All,
-            ..Default::default()
-        })
-        .await?;
-    let mut messages = consumer.messages().await?;
-    let mut out = std::collections::VecDeque::new();
-    loop {
-        let message = tokio::time::timeout(Duration::from_secs(5), messages.next())
-            .await
-            .map_err(|_| anyhow::anyhow!("{subject}: history not delivered within 5 s"))?
-            .ok_or_else(|| anyhow::anyhow!("ordered consumer ended"))??;
-        let seq = message
-            .info()
-            .map_err(|e| anyhow::anyhow!("message info: {e}"))?
-            .stream_sequence;
-        if let Ok(envelope) = jr_protocol::decode(&message.payload) {
-            out.push_back(envelope);
-            if out.len() > MAX_HISTORY {
-                out.pop_front();
-            }
-        }
-        if seq >= last {
-            return Ok(out.into());
-        }
-    }
-}
 
 pub async fn handle(bus: &Bus, sealer: &Sealer, delivery: Delivery) -> Disposition {
     let envelope = delivery.envelope;
@@ -206,7 +121,7 @@ pub async fn handle(bus: &Bus, sealer: &Sealer, delivery: Delivery) -> Dispositi
         return Disposition::Term(format!("{} is not a redispatch command", envelope.kind()));
     };
     let assignment_subject = subject::assignment(&command.backend, id);
-    let genuine = |e: &Envelope| sealed_by(sealer, e);
+    let genuine = |e: &Envelope| crate::ours::sealed_by(sealer, e);
     // Usually the last message is the scheduler's own; only otherwise is the history read.
     let plan = match bus
         .last_on_subject(STREAM_ASSIGNMENTS, &assignment_subject)
@@ -223,7 +138,7 @@ pub async fn handle(bus: &Bus, sealer: &Sealer, delivery: Delivery) -> Dispositi
                 _ => Plan::Refuse(String::new()),
             };
             if let Plan::Refuse(_) = plan {
-                match history(bus, &assignment_subject).await {
+                match crate::ours::history(bus, &assignment_subject).await {
                     Ok(history) => decide(id, command, &history, genuine, now_ms()),
                     Err(e) => {
                         tracing::warn!(assignment = %id, error = %e, "cannot read the assignment's history; retrying");
@@ -268,7 +183,9 @@ pub async fn handle(bus: &Bus, sealer: &Sealer, delivery: Delivery) -> Dispositi
 #[cfg(test)]
 mod tests {
     use super::*;
+    use jr_forge::proto::runner::v1::Task;
     use jr_protocol::{Assignment, BackendName, SealedTask};
+    use prost::Message as _;
 
     fn backend(name: &str) -> BackendName {
         BackendName::new(name).unwrap_or_else(|e| panic!("{e}"))
@@ -448,19 +365,19 @@ mod tests {
                 .seal(crate::seal::SealScope::new(id(), &pod, 7), &task(7))
                 .unwrap_or_else(|e| panic!("{e}")),
         );
-        assert_eq!(sealed_by(&sealer, &genuine), Ok(()));
+        assert_eq!(crate::ours::sealed_by(&sealer, &genuine), Ok(()));
         let forged = with_seal(
             stranger
                 .seal(crate::seal::SealScope::new(id(), &pod, 7), &task(7))
                 .unwrap_or_else(|e| panic!("{e}")),
         );
-        assert!(sealed_by(&sealer, &forged).is_err());
+        assert!(crate::ours::sealed_by(&sealer, &forged).is_err());
         let other_task = with_seal(
             sealer
                 .seal(crate::seal::SealScope::new(id(), &pod, 7), &task(8))
                 .unwrap_or_else(|e| panic!("{e}")),
         );
-        assert!(sealed_by(&sealer, &other_task).is_err());
+        assert!(crate::ours::sealed_by(&sealer, &other_task).is_err());
         let other_assignment = with_seal(
             sealer
                 .seal(
@@ -473,6 +390,6 @@ mod tests {
                 )
                 .unwrap_or_else(|e| panic!("{e}")),
         );
-        assert!(sealed_by(&sealer, &other_assignment).is_err());
+        assert!(crate::ours::sealed_by(&sealer, &other_assignment).is_err());
     }
 }

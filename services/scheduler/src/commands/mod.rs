@@ -1,0 +1,38 @@
+//! The commands the reconciler sends the scheduler (`jr.command.scheduler.*`), one file a
+//! command, and the one place that routes a delivery to its handler.
+
+pub mod fail_task;
+pub mod redispatch;
+
+use std::sync::Arc;
+
+use jr_bus::{Bus, Delivery, Disposition};
+use jr_protocol::Kind;
+
+use crate::forges::Forges;
+use crate::seal::Sealer;
+
+pub use fail_task::GitHubClients;
+
+/// What the command handlers work with.
+#[derive(Clone)]
+pub struct Context {
+    pub bus: Bus,
+    pub forges: Forges,
+    pub github: Arc<GitHubClients>,
+    pub sealer: Arc<Sealer>,
+}
+
+/// Handles one command delivered on the scheduler's consumer.
+pub async fn handle(ctx: &Context, delivery: Delivery) -> Disposition {
+    match delivery.envelope.kind() {
+        Kind::Redispatch => redispatch::handle(&ctx.bus, &ctx.sealer, delivery).await,
+        Kind::FailTask => {
+            fail_task::handle(&ctx.bus, &ctx.forges, &ctx.github, &ctx.sealer, delivery).await
+        }
+        other => Disposition::Term(format!(
+            "{} is not a command the scheduler executes",
+            other.as_str()
+        )),
+    }
+}
