@@ -61,51 +61,63 @@ fn credentials(index: usize, entry: &GitHubConfig) -> anyhow::Result<Credentials
 }
 
 impl GitHubForge {
-    /// Every `[[github]]` entry of `config`, checked and with its client built.
-    pub fn from_config(config: &Config) -> anyhow::Result<Vec<GitHubForge>> {
+    /// Every `[[github]]` entry of `config`, checked and with its client built; an entry
+    /// that cannot be built (its key or token file unreadable, say) is the error of its own
+    /// intake, named `github.<name>`, and holds up no other.
+    pub fn from_config(config: &Config) -> Vec<Result<GitHubForge, (String, anyhow::Error)>> {
         let policy = config.routing.trust.policy();
         config
             .github
             .iter()
             .enumerate()
             .map(|(i, entry)| {
-                let backend_config = config
-                    .backend
-                    .get(&entry.backend)
-                    .with_context(|| format!("github[{i}].backend {:?}", entry.backend))?;
-                let backend = BackendName::new(&entry.backend)
-                    .with_context(|| format!("github[{i}].backend {:?}", entry.backend))?;
-                let client = ScaleSetClient::new(Settings {
-                    url: entry.url.clone(),
-                    api: entry.api_url.clone(),
-                    credentials: credentials(i, entry)?,
-                    retry: RetryPolicy::default(),
-                    user_agent: format!("jetrunner/{}", env!("CARGO_PKG_VERSION")),
-                })
-                .with_context(|| format!("github[{i}]"))?;
-                let default_max = backend_config
-                    .capacity
-                    .saturating_add(backend_config.lookahead);
-                // Only a scale set on a trusted backend needs the guard: an untrusted one may
-                // take anything.
-                let trust = backend_config.trust_level();
-                let guard = (trust != TrustLevel::Untrusted).then(|| Guard {
-                    policy: policy.clone(),
-                    backend_trust: trust,
-                });
-                Ok(GitHubForge {
-                    entry: entry.clone(),
-                    client,
-                    backend,
-                    lookahead: backend_config.lookahead,
-                    max_runners: entry
-                        .max_runners
-                        .unwrap_or_else(|| u32::try_from(default_max).unwrap_or(u32::MAX)),
-                    max_duration: backend_config.max_duration,
-                    guard,
-                })
+                Self::build(config, &policy, i, entry)
+                    .map_err(|e| (format!("github.{}", entry.name), e))
             })
             .collect()
+    }
+
+    fn build(
+        config: &Config,
+        policy: &jr_placement::TrustPolicy,
+        i: usize,
+        entry: &GitHubConfig,
+    ) -> anyhow::Result<GitHubForge> {
+        let backend_config = config
+            .backend
+            .get(&entry.backend)
+            .with_context(|| format!("github[{i}].backend {:?}", entry.backend))?;
+        let backend = BackendName::new(&entry.backend)
+            .with_context(|| format!("github[{i}].backend {:?}", entry.backend))?;
+        let client = ScaleSetClient::new(Settings {
+            url: entry.url.clone(),
+            api: entry.api_url.clone(),
+            credentials: credentials(i, entry)?,
+            retry: RetryPolicy::default(),
+            user_agent: format!("jetrunner/{}", env!("CARGO_PKG_VERSION")),
+        })
+        .with_context(|| format!("github[{i}]"))?;
+        let default_max = backend_config
+            .capacity
+            .saturating_add(backend_config.lookahead);
+        // Only a scale set on a trusted backend needs the guard: an untrusted one may
+        // take anything.
+        let trust = backend_config.trust_level();
+        let guard = (trust != TrustLevel::Untrusted).then(|| Guard {
+            policy: policy.clone(),
+            backend_trust: trust,
+        });
+        Ok(GitHubForge {
+            entry: entry.clone(),
+            client,
+            backend,
+            lookahead: backend_config.lookahead,
+            max_runners: entry
+                .max_runners
+                .unwrap_or_else(|| u32::try_from(default_max).unwrap_or(u32::MAX)),
+            max_duration: backend_config.max_duration,
+            guard,
+        })
     }
 
     /// Runs the entry's listener whenever this replica holds its lease, until `shutdown`.
@@ -235,6 +247,49 @@ impl GitHubForge {
                 () = tokio::time::sleep(delay) => {}
             }
             delay = (delay * 2).min(MAX_DELAY);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_entry_that_cannot_be_built_is_its_own_error_and_the_others_are_built() {
+        let text = r#"
+[nats]
+url = "nats://x:4222"
+[facade]
+listen = "127.0.0.1:1"
+public_url = "http://x"
+insecure_plain_http = true
+[backend.vm]
+kind = "vm"
+capacity = 2
+opensandbox = { url = "http://o" }
+[[github]]
+name = "good"
+url = "https://github.com/acme"
+backend = "vm"
+pat = "ghp_x"
+[[github]]
+name = "unreadable"
+url = "https://github.com/acme"
+backend = "vm"
+pat_file = "/nonexistent/jetrunner/pat"
+"#;
+        let config = jr_config::load_str(text, "t", std::iter::empty()).expect("valid config");
+        let built = GitHubForge::from_config(&config);
+        assert_eq!(built.len(), 2);
+        assert!(matches!(&built[0], Ok(f) if f.entry.name == "good"));
+        match &built[1] {
+            Err((intake, error)) => {
+                assert_eq!(intake, "github.unreadable");
+                let text = format!("{error:#}");
+                assert!(text.contains("/nonexistent/jetrunner/pat"), "{text}");
+            }
+            Ok(_) => panic!("an unreadable token file was accepted"),
         }
     }
 }

@@ -151,7 +151,13 @@ pub async fn build(
     let sealer = Arc::new(sealer_from_config(&config)?);
     let tls = tls_from_config(&config)?;
     let commands = ConsumerSpec::scheduler_commands();
-    let github_forges = crate::github_forge::GitHubForge::from_config(&config)?;
+    let (github_forges, github_broken): (Vec<_>, Vec<_>) =
+        crate::github_forge::GitHubForge::from_config(&config)
+            .into_iter()
+            .partition(Result::is_ok);
+    let github_forges: Vec<_> = github_forges.into_iter().filter_map(Result::ok).collect();
+    let github_broken: Vec<(String, anyhow::Error)> =
+        github_broken.into_iter().filter_map(Result::err).collect();
     let github_clients: Arc<crate::commands::GitHubClients> = Arc::new(
         github_forges
             .iter()
@@ -248,6 +254,15 @@ pub async fn build(
             Some(readiness.clone()),
         )),
     });
+    // A `[[github]]` entry that cannot be built is reported as its intake's error, and the
+    // rest of the scheduler runs (its fix, in the config or the files it names, needs a restart).
+    for (intake, error) in &github_broken {
+        let why = format!("{error:#}");
+        tracing::error!(%intake, error = %why, "this GitHub scale set cannot start; everything else runs");
+        dispatcher
+            .intakes
+            .report(intake, Some(("github", "scale-set")), Some(why), true);
+    }
     let token_keys = token_keys_from_config(&config)?;
     let mode: crate::facade::AuthMode = config.facade.mode.into();
     let warm_backends: Vec<&String> = config
