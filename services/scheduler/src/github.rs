@@ -163,18 +163,17 @@ impl JetStreamSink {
             tracing::info!(%assignment, job = %job.key(), "a runner this forge did not publish ended; ignored");
             return Ok(());
         };
-        let envelope = Envelope::new(
-            format!("terminal:{id}:github"),
-            now_ms(),
+        let envelope = crate::ours::terminal(
             id,
             attempt,
-            Message::Terminal(Terminal {
+            "github",
+            Terminal {
                 forge_task_id: job.task_id(),
                 result: task_result(outcome),
                 source,
                 log_closed: true,
                 reason,
-            }),
+            },
         );
         self.once(id, Kind::Terminal, envelope).await
     }

@@ -352,13 +352,7 @@ impl Ledger for JetStreamLedger {
         view: &AssignmentView,
         terminal: Terminal,
     ) -> Result<bool, LedgerError> {
-        let envelope = Envelope::new(
-            format!("terminal:{}:executor", view.id),
-            now_ms(),
-            view.id,
-            view.attempt,
-            Message::Terminal(terminal),
-        );
+        let envelope = crate::ours::terminal(view.id, view.attempt, "executor", terminal);
         let won = self.publish_once(view, Kind::Terminal, envelope).await?;
         self.remember(view.id, |s| {
             s.terminal = true;

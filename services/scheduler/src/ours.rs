@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use jr_bus::Bus;
 use jr_forge::proto::runner::v1::Task;
-use jr_protocol::{Envelope, Message, STREAM_ASSIGNMENTS};
+use jr_protocol::{AssignmentId, Envelope, Message, STREAM_ASSIGNMENTS, Terminal, now_ms};
 use prost::Message as _;
 
 use crate::seal::Sealer;
@@ -93,4 +93,17 @@ pub async fn history(bus: &Bus, subject: &str) -> anyhow::Result<Vec<Envelope>> 
             return Ok(out.into());
         }
     }
+}
+
+/// The once-only `terminal` of attempt `attempt` of assignment `id`, written by `writer`
+/// (`executor`, `fail-task`, `github`): every writer of a terminal builds it here, and its
+/// message id names the writer, so one writer's repeat is recognised as its own.
+pub fn terminal(id: AssignmentId, attempt: u32, writer: &str, terminal: Terminal) -> Envelope {
+    Envelope::new(
+        format!("terminal:{id}:{writer}"),
+        now_ms(),
+        id,
+        attempt,
+        Message::Terminal(terminal),
+    )
 }

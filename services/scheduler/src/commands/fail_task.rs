@@ -81,18 +81,17 @@ pub async fn handle(
         }
         // The runner never took a job and is removed: its assignment ends as withdrawn (the
         // job it was made for still runs on another runner), and there is no task to fail.
-        let withdrawn = Envelope::new(
-            format!("terminal:{id}:fail-task"),
-            now_ms(),
+        let withdrawn = crate::ours::terminal(
             id,
             envelope.attempt,
-            Message::Terminal(Terminal {
+            "fail-task",
+            Terminal {
                 forge_task_id,
                 result: TaskResult::Cancelled,
                 source: TerminalSource::Withdrawn,
                 log_closed: true,
                 reason: Some(format!("runner lost before it took a job: {reason}")),
-            }),
+            },
         );
         return match bus
             .publish_once(&subject::event(&backend, id, Kind::Terminal), &withdrawn)
@@ -115,18 +114,17 @@ pub async fn handle(
             "fail-task for backend {backend}, which has no forge registration here"
         ));
     };
-    let terminal = Envelope::new(
-        format!("terminal:{id}:fail-task"),
-        now_ms(),
+    let terminal = crate::ours::terminal(
         id,
         envelope.attempt,
-        Message::Terminal(Terminal {
+        "fail-task",
+        Terminal {
             forge_task_id,
             result: TaskResult::Failure,
             source: TerminalSource::FailTask,
             log_closed: true,
             reason: Some(reason.clone()),
-        }),
+        },
     );
     match bus
         .publish_once(&subject::event(&backend, id, Kind::Terminal), &terminal)
