@@ -219,15 +219,37 @@ impl NatsServer {
     /// Starts a JetStream-enabled server on free ports with a fresh store and waits until
     /// JetStream answers.
     pub async fn start() -> std::io::Result<NatsServer> {
+        Self::start_in(tempfile::tempdir()?, None).await
+    }
+
+    /// Starts a server in `dir`, on fresh ports each try: a port found free can be taken by
+    /// another process (a parallel test's server, say) before this server binds it, so a
+    /// server that does not come up is tried again on other ports, up to three times.
+    async fn start_in(
+        dir: tempfile::TempDir,
+        config: Option<PathBuf>,
+    ) -> std::io::Result<NatsServer> {
         let mut server = NatsServer {
-            port: free_port()?,
-            monitor_port: free_port()?,
-            dir: tempfile::tempdir()?,
+            port: 0,
+            monitor_port: 0,
+            dir,
             child: None,
-            config: None,
+            config,
         };
-        server.spawn().await?;
-        Ok(server)
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            server.port = free_port()?;
+            server.monitor_port = free_port()?;
+            if server.monitor_port == server.port {
+                continue;
+            }
+            match server.spawn().await {
+                Ok(()) => return Ok(server),
+                Err(e) if tries >= 3 => return Err(e),
+                Err(e) => eprintln!("nats-server did not start ({e}); trying other ports"),
+            }
+        }
     }
 
     /// Starts a server whose clients must be one of the jetrunner service users of a
@@ -242,14 +264,7 @@ impl NatsServer {
         let dir = tempfile::tempdir()?;
         let config = dir.path().join("nats.conf");
         std::fs::write(&config, text)?;
-        let mut server = NatsServer {
-            port: free_port()?,
-            monitor_port: free_port()?,
-            dir,
-            child: None,
-            config: Some(config),
-        };
-        server.spawn().await?;
+        let server = Self::start_in(dir, Some(config)).await?;
         Ok((server, users))
     }
 
