@@ -17,6 +17,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::declaration::Condition;
 
+/// The most often the records are written to `JR_INTAKES`.
+const WRITE_EVERY: Duration = Duration::from_secs(1);
+
 /// One registration's decision at one moment, as the fetch loop reports it.
 pub struct Observation<'a> {
     pub registration: &'a str,
@@ -211,12 +214,25 @@ impl IntakeBoard {
         let mut store = None;
         let mut refresh = tokio::time::interval(REFRESH_EVERY);
         refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_write: Option<tokio::time::Instant> = None;
         loop {
             let all = tokio::select! {
                 () = shutdown.cancelled() => return,
                 _ = refresh.tick() => true,
                 () = self.changed.notified() => false,
             };
+            // A busy backend turns full and free again at every job: changes are written at
+            // most once per WRITE_EVERY, together (the logs, metrics and /readyz follow at once).
+            if !all && let Some(last) = last_write {
+                let rest = WRITE_EVERY.saturating_sub(last.elapsed());
+                if !rest.is_zero() {
+                    tokio::select! {
+                        () = shutdown.cancelled() => return,
+                        () = tokio::time::sleep(rest) => {}
+                    }
+                }
+            }
+            last_write = Some(tokio::time::Instant::now());
             let due = self.take_due(all);
             if due.is_empty() {
                 continue;

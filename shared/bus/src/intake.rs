@@ -1,6 +1,6 @@
 //! What each intake (a forge registration of the scheduler) is doing, for operators: the
 //! scheduler's fetching replica writes one record per registration into the KV bucket
-//! `JR_INTAKES` (key: the registration's name) whenever it changes and every
+//! `JR_INTAKES` (key: the registration's name) when it changes (at most once a second) and every
 //! [`REFRESH_EVERY`]; the reconciler's status API and `jr status` read it. The record says
 //! which labels the registration declares to the forge, whether it fetches, and for each
 //! backend it serves why nothing is fetched for it, if nothing is.
