@@ -158,7 +158,22 @@ async fn the_status_page_shows_what_the_api_says_in_a_real_browser() -> anyhow::
             .as_array()
             .and_then(|b| b.iter().find(|b| b["name"] == "pod").cloned())
             .unwrap_or_default();
-        if pod["slots_used"] == 2 && pod["queue_depth"] == 2 && pod["states"]["running"] == 2 {
+        // The intake records follow within a second: pod's registration full (its lookahead
+        // of 2 waiting), vm's taking work.
+        let intake_of = |name: &str| {
+            s["intakes"]
+                .as_array()
+                .and_then(|i| i.iter().find(|i| i["registration"] == name).cloned())
+                .unwrap_or_default()
+        };
+        let intakes_settled = intake_of("pod")["backends"][0]["blocked"] == "full"
+            && intake_of("vm")["backends"][0]["blocked"].is_null()
+            && intake_of("vm")["backends"][0]["backend"] == "vm";
+        if pod["slots_used"] == 2
+            && pod["queue_depth"] == 2
+            && pod["states"]["running"] == 2
+            && intakes_settled
+        {
             break s;
         }
         anyhow::ensure!(
