@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::consumer::{DeliverPolicy, pull::OrderedConfig};
 use futures::StreamExt;
-use jr_bus::Bus;
+use jr_bus::{Backoff, Bus};
 use jr_store::{AssignmentRecord, Store, StoreError, StreamMessage};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -174,7 +174,7 @@ pub async fn run(
     feed: Arc<Feed>,
     shutdown: CancellationToken,
 ) {
-    let mut delay = Duration::from_millis(200);
+    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
     while !shutdown.is_cancelled() {
         let started = std::time::Instant::now();
         match project(
@@ -189,16 +189,14 @@ pub async fn run(
                 // missing from, or wrongly in, the planner's copy.
                 feed.invalidate();
                 if started.elapsed() > Duration::from_secs(30) {
-                    delay = Duration::from_millis(200);
+                    backoff.reset();
                 }
-                tracing::warn!(stream, error = %e, retry_in = ?delay, "projector interrupted; resuming from the checkpoint");
+                tracing::warn!(stream, error = %e, "projector interrupted; resuming from the checkpoint");
             }
         }
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(delay) => {}
+        if !backoff.pause(&shutdown).await {
+            return;
         }
-        delay = (delay * 2).min(Duration::from_secs(5));
     }
 }
 
@@ -208,7 +206,7 @@ async fn checkpoint_with_retry(
     state: &ProjectorState,
     shutdown: &CancellationToken,
 ) -> Option<u64> {
-    let mut delay = Duration::from_millis(200);
+    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
     loop {
         match store.checkpoint(stream).await {
             Ok(seq) => return Some(seq),
@@ -217,11 +215,9 @@ async fn checkpoint_with_retry(
                 tracing::warn!(stream, error = %e, "cannot read checkpoint; retrying");
             }
         }
-        tokio::select! {
-            _ = shutdown.cancelled() => return None,
-            _ = tokio::time::sleep(delay) => {}
+        if !backoff.pause(shutdown).await {
+            return None;
         }
-        delay = (delay * 2).min(Duration::from_secs(5));
     }
 }
 
@@ -354,7 +350,7 @@ async fn project(
         if batch.is_empty() {
             continue;
         }
-        let mut delay = Duration::from_millis(100);
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
         loop {
             // The batch continues the stored checkpoint only if the store kept every commit.
             let result = match store.checkpoint(stream).await {
@@ -394,11 +390,9 @@ async fn project(
                     state.store_errors.fetch_add(1, Ordering::Relaxed);
                     state.caught_up.store(false, Ordering::Release);
                     tracing::warn!(stream, error = %e, "cannot apply batch; retrying the same batch");
-                    tokio::select! {
-                        _ = shutdown.cancelled() => return Ok(()),
-                        _ = tokio::time::sleep(delay) => {}
+                    if !backoff.pause(shutdown).await {
+                        return Ok(());
                     }
-                    delay = (delay * 2).min(Duration::from_secs(5));
                 }
             }
         }

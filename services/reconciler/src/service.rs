@@ -49,7 +49,7 @@ const REISSUE_AFTER: Duration = Duration::from_secs(30);
 
 /// Connects and migrates, retrying while Postgres is not there yet.
 async fn open_store(url: &str, shutdown: &CancellationToken) -> anyhow::Result<Option<Store>> {
-    let mut delay = Duration::from_millis(200);
+    let mut backoff = jr_bus::Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
     loop {
         match Store::connect(url).await {
             Ok(store) => match store.migrate().await {
@@ -58,11 +58,9 @@ async fn open_store(url: &str, shutdown: &CancellationToken) -> anyhow::Result<O
             },
             Err(e) => tracing::warn!(error = %e, "cannot connect to Postgres; retrying"),
         }
-        tokio::select! {
-            _ = shutdown.cancelled() => return Ok(None),
-            _ = tokio::time::sleep(delay) => {}
+        if !backoff.pause(shutdown).await {
+            return Ok(None);
         }
-        delay = (delay * 2).min(Duration::from_secs(5));
     }
 }
 

@@ -15,9 +15,9 @@ use jr_protocol::{
     STREAM_ASSIGNMENTS, STREAM_EVENTS, Terminal, subject,
 };
 
-use crate::facade::{AssignmentView, Ledger, LedgerError};
-use crate::seal::Sealer;
-use crate::unclaimed::Unclaimed;
+use jr_facade::{AssignmentView, Ledger, LedgerError};
+use jr_gitea_intake::Unclaimed;
+use jr_seal::Sealer;
 
 /// Facts that never change once seen are cached; everything else is read each time.
 #[derive(Clone, Default)]
@@ -134,7 +134,7 @@ impl JetStreamLedger {
         let subject = subject::assignment(backend, id);
         match self.bus.last_on_subject(STREAM_ASSIGNMENTS, &subject).await {
             Ok(None) => return Ok(None),
-            Ok(Some((_, e))) if crate::ours::sealed_by(&self.sealer, &e).is_ok() => {
+            Ok(Some((_, e))) if jr_intake::ours::sealed_by(&self.sealer, &e).is_ok() => {
                 return Ok(Some(e));
             }
             Ok(Some(_)) | Err(jr_bus::BusError::DecodeLast { .. }) => {
@@ -142,13 +142,13 @@ impl JetStreamLedger {
             }
             Err(e) => return Err(LedgerError::unavailable(e)),
         }
-        let history = crate::ours::history(&self.bus, &subject)
+        let history = jr_intake::ours::history(&self.bus, &subject)
             .await
             .map_err(|e| LedgerError::unavailable(e.to_string()))?;
         Ok(history
             .into_iter()
             .rev()
-            .find(|e| crate::ours::sealed_by(&self.sealer, e).is_ok()))
+            .find(|e| jr_intake::ours::sealed_by(&self.sealer, e).is_ok()))
     }
 
     async fn exists(
@@ -352,7 +352,7 @@ impl Ledger for JetStreamLedger {
         view: &AssignmentView,
         terminal: Terminal,
     ) -> Result<bool, LedgerError> {
-        let envelope = crate::ours::terminal(view.id, view.attempt, "executor", terminal);
+        let envelope = jr_intake::ours::terminal(view.id, view.attempt, "executor", terminal);
         let won = self.publish_once(view, Kind::Terminal, envelope).await?;
         self.remember(view.id, |s| {
             s.terminal = true;

@@ -9,11 +9,16 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 
-use crate::facade::{Facade, Ledger};
-use crate::fetcher::Dispatcher;
+use jr_facade::{Facade, Ledger};
+use jr_gitea_intake::Dispatcher;
+use jr_gitea_intake::fetcher::DispatchStats;
+use jr_intake::board::IntakeBoard;
 
 pub struct SchedulerCollector<L: Ledger> {
-    pub dispatcher: Arc<Dispatcher>,
+    /// The Gitea/Forgejo fetch loops' dispatcher, when a Gitea forge is configured.
+    pub dispatcher: Option<Arc<Dispatcher>>,
+    /// Every intake's health.
+    pub board: Arc<IntakeBoard>,
     pub facade: Arc<Facade<L>>,
 }
 
@@ -36,7 +41,8 @@ fn counter(
 
 impl<L: Ledger> Collector for SchedulerCollector<L> {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let d = &self.dispatcher.stats;
+        let no_gitea = DispatchStats::default();
+        let d = self.dispatcher.as_ref().map_or(&no_gitea, |d| &d.stats);
         let e = &mut encoder;
         counter(
             e,
@@ -75,7 +81,8 @@ impl<L: Ledger> Collector for SchedulerCollector<L> {
             d.paused.load(Ordering::Relaxed),
         )?;
         {
-            let unclaimed = i64::try_from(self.dispatcher.unclaimed.len()).unwrap_or(i64::MAX);
+            let unclaimed = self.dispatcher.as_ref().map_or(0, |d| d.unclaimed.len());
+            let unclaimed = i64::try_from(unclaimed).unwrap_or(i64::MAX);
             let g = ConstGauge::new(unclaimed);
             let metric = e.encode_descriptor(
                 "scheduler_unclaimed_tasks",
@@ -116,9 +123,12 @@ impl<L: Ledger> Collector for SchedulerCollector<L> {
                 None,
                 g.metric_type(),
             )?;
-            for registration in self.dispatcher.forges.registrations() {
-                let acting = self
-                    .dispatcher
+            let registrations = self
+                .dispatcher
+                .iter()
+                .flat_map(|d| d.forges.registrations().into_iter().map(move |r| (d, r)));
+            for (dispatcher, registration) in registrations {
+                let acting = dispatcher
                     .leases
                     .get(&registration.name)
                     .is_none_or(|l| l.acting().is_some());
@@ -134,7 +144,7 @@ impl<L: Ledger> Collector for SchedulerCollector<L> {
                 None,
                 g.metric_type(),
             )?;
-            for intake in self.dispatcher.intakes.snapshot() {
+            for intake in self.board.snapshot() {
                 for backend in &intake.backends {
                     for reason in jr_bus::intake::Blocked::ALL {
                         let labels = [
@@ -156,7 +166,7 @@ impl<L: Ledger> Collector for SchedulerCollector<L> {
                 None,
                 g.metric_type(),
             )?;
-            for intake in self.dispatcher.intakes.snapshot() {
+            for intake in self.board.snapshot() {
                 let labels = [("registration", intake.registration.as_str())];
                 ConstGauge::new(i64::from(intake.fetching))
                     .encode(family.encode_family(&labels)?)?;
@@ -170,7 +180,7 @@ impl<L: Ledger> Collector for SchedulerCollector<L> {
                 None,
                 g.metric_type(),
             )?;
-            for intake in self.dispatcher.intakes.snapshot() {
+            for intake in self.board.snapshot() {
                 let labels = [
                     ("intake", intake.registration.as_str()),
                     ("kind", intake.forge.as_str()),
@@ -183,7 +193,7 @@ impl<L: Ledger> Collector for SchedulerCollector<L> {
             e,
             "scheduler_label_declares",
             "Declares that changed the labels of a shared registration (backends withdrawn or declared again)",
-            self.dispatcher.stats.declares.load(Ordering::Relaxed),
+            d.declares.load(Ordering::Relaxed),
         )?;
         let f = self.facade.stats();
         {

@@ -9,20 +9,15 @@ use jr_config::Config;
 use jr_telemetry::{Shutdown, TaskSet};
 use tokio_util::sync::CancellationToken;
 
-use crate::facade::{Facade, FacadeSettings, TlsSettings, serve};
-use crate::fetcher::{Dispatcher, Pacing};
-use crate::forges::Forges;
-use crate::ledger::JetStreamLedger;
-use crate::registration::SharedCredentials;
-use crate::routing::Router;
-use crate::seal::Sealer;
-use crate::unclaimed::Unclaimed;
+use jr_facade::{Facade, FacadeSettings, TlsSettings, serve};
+use jr_gitea_intake::{Gitea, GiteaParts, Unclaimed};
+use jr_github_intake::{GitHub, GitHubParts};
+use jr_intake::board::IntakeBoard;
+use jr_intake::sink::AssignmentSink;
+use jr_intake::{ForgeCommands, Intake};
+use jr_seal::Sealer;
 
-/// The scheduler's parts that outlive `run` (for metrics and tests).
-pub struct Handles {
-    pub dispatcher: Arc<Dispatcher>,
-    pub facade: Arc<Facade<JetStreamLedger>>,
-}
+use crate::ledger::JetStreamLedger;
 
 pub fn sealer_from_config(config: &Config) -> anyhow::Result<Sealer> {
     let s = &config.scheduler;
@@ -47,7 +42,7 @@ pub fn sealer_from_config(config: &Config) -> anyhow::Result<Sealer> {
 /// every key the facade falls back to the hashes workers publish, and says so.
 pub fn token_keys_from_config(
     config: &Config,
-) -> anyhow::Result<BTreeMap<jr_protocol::BackendName, jr_worker::TokenKey>> {
+) -> anyhow::Result<BTreeMap<jr_protocol::BackendName, jr_seal::TokenKey>> {
     let mut keys = BTreeMap::new();
     let mut missing = Vec::new();
     for (section, worker, default) in [
@@ -66,8 +61,7 @@ pub fn token_keys_from_config(
             .with_context(|| format!("reading {key} for the facade"))?
         {
             Some(text) => {
-                let parsed =
-                    jr_worker::TokenKey::from_base64(&text).with_context(|| key.clone())?;
+                let parsed = jr_seal::TokenKey::from_base64(&text).with_context(|| key.clone())?;
                 keys.insert(name, parsed);
             }
             None => missing.push(name),
@@ -116,29 +110,25 @@ pub async fn run(
 
 /// The scheduler's parts, built and connected, not running yet.
 pub struct Scheduler {
-    config: Arc<Config>,
     bus: Bus,
     readiness: jr_telemetry::Readiness,
-    dispatcher: Arc<Dispatcher>,
     facade: Arc<Facade<JetStreamLedger>>,
     listener: tokio::net::TcpListener,
     tls: Option<TlsSettings>,
-    unclaimed: Arc<Unclaimed>,
-    forges: Forges,
-    planned: Vec<crate::forges::Planned>,
-    shared: BTreeMap<String, SharedCredentials>,
+    board: Arc<IntakeBoard>,
+    /// Every source of work, each run as its own task.
+    intakes: Vec<Box<dyn Intake>>,
+    /// The Gitea/Forgejo forge's keepalives of unclaimed tasks, when one is configured.
+    gitea: Option<Gitea>,
     commands: ConsumerSpec,
-    github_forges: Vec<crate::github_forge::GitHubForge>,
-    github_clients: Arc<crate::commands::GitHubClients>,
-    store: jr_bus::async_nats::jetstream::kv::Store,
-    me: String,
-    policy: jr_lease::Policy,
+    context: crate::commands::Context,
     warm: bool,
 }
 
 /// Builds the scheduler from `config`: checks what the config gives (keys, TLS, GitHub
-/// credentials), declares the streams, starts the registrations' leases, builds the dispatcher
-/// and the facade and binds the facade's port. Nothing talks to a forge yet.
+/// credentials), declares the streams, assembles each forge's intakes (starting their leases),
+/// the facade and the command handlers, and binds the facade's port. Nothing talks to a forge
+/// yet.
 pub async fn build(
     config: Config,
     bus: Bus,
@@ -146,24 +136,11 @@ pub async fn build(
     metrics: Option<&jr_telemetry::Metrics>,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<Scheduler> {
-    let ready = |check: &str, ok: bool| readiness.set(check, ok);
-    let router = Router::from_config(&config);
+    let config = Arc::new(config);
     let sealer = Arc::new(sealer_from_config(&config)?);
     let tls = tls_from_config(&config)?;
     let commands = ConsumerSpec::scheduler_commands();
-    let (github_forges, github_broken): (Vec<_>, Vec<_>) =
-        crate::github_forge::GitHubForge::from_config(&config)
-            .into_iter()
-            .partition(Result::is_ok);
-    let github_forges: Vec<_> = github_forges.into_iter().filter_map(Result::ok).collect();
-    let github_broken: Vec<(String, anyhow::Error)> =
-        github_broken.into_iter().filter_map(Result::err).collect();
-    let github_clients: Arc<crate::commands::GitHubClients> = Arc::new(
-        github_forges
-            .iter()
-            .map(|f| (f.entry.name.clone(), f.client.clone()))
-            .collect(),
-    );
+    let github = GitHub::build(&config);
     bus.ensure_topology_retrying(
         &Topology::new()
             .replicas(config.nats.stream_replicas)
@@ -173,98 +150,59 @@ pub async fn build(
     )
     .await
     .context("declaring streams and consumers")?;
-    ready("nats", true);
+    readiness.set("nats", true);
 
-    // One fetching replica per registration: the holder of its lease in `JR_SCHEDULER`. It
-    // registers the runner when none is known yet (the others wait for its sealed credentials)
-    // and replays the tasks fetched before and still waiting for a claim when it takes over.
     let policy = jr_service::lease_policy(&config)?;
-    let store = crate::request_key::open_bucket(&bus)
+    let store = jr_gitea_intake::request_key::open_bucket(&bus)
         .await
         .context("opening the KV bucket JR_SCHEDULER")?;
     let me = jr_bus::lease::replica_id("scheduler");
     tracing::info!(replica = %me, "scheduler replica");
-    let leases: BTreeMap<String, jr_bus::lease::Leadership> = Forges::registration_names(&config)
-        .into_iter()
-        .map(|name| {
-            let spec = jr_bus::lease::LeaseSpec {
+    let board = Arc::new(IntakeBoard::new(
+        config.forge.flavor.as_str(),
+        config.forge.layout().as_str(),
+        &me,
+        Some(readiness.clone()),
+    ));
+    let sink = AssignmentSink::new(bus.clone(), sealer.clone());
+
+    // Each intake is established and run by its own task: a forge that is down or refuses a
+    // runner holds up nothing else (the facade, the other forge, the other registrations).
+    let gitea = config.gitea().is_some().then(|| {
+        Gitea::build(
+            GiteaParts {
+                config: config.clone(),
+                bus: bus.clone(),
+                sink: sink.clone(),
+                board: board.clone(),
                 store: store.clone(),
-                key: format!("lease.{name}"),
-                me: me.clone(),
+                me: &me,
                 policy,
-            };
-            let leadership = jr_bus::lease::spawn_lease(spec, shutdown.clone());
-            (name, leadership)
-        })
-        .collect();
-    let shared: BTreeMap<String, SharedCredentials> = leases
-        .iter()
-        .map(|(name, leadership)| {
-            (
-                name.clone(),
-                SharedCredentials {
-                    store: store.clone(),
-                    sealer: sealer.clone(),
-                    leadership: leadership.clone(),
-                    registration: name.clone(),
-                },
-            )
-        })
-        .collect();
-
-    // Each registration is established by its own intake task, below: a forge that is down or
-    // refuses the runner holds up nothing else (the facade, GitHub, the other registrations).
-    let (forges, planned) = Forges::plan(&config, &router);
-
-    let backends: Vec<_> = config.enabled_backends().map(|(n, _)| n).collect();
-    let max_duration: BTreeMap<_, _> = config
-        .enabled_backends()
-        .map(|(n, b)| (n, b.max_duration))
-        .collect();
-    let lookahead = config
-        .enabled_backends()
-        .map(|(n, b)| (n, b.lookahead))
-        .collect();
-    // Tasks fetched before a restart and still unclaimed need their heartbeats again. The
-    // forge's endless-task timeout (3 h on Gitea) bounds how far back one can still be alive.
-    let unclaimed = Arc::new(Unclaimed::new(config.forge.keepalive_interval));
-    let horizon = max_duration
-        .values()
-        .copied()
-        .max()
-        .unwrap_or(std::time::Duration::from_secs(3 * 3600))
-        + std::time::Duration::from_secs(600);
-    let dispatcher = Arc::new(Dispatcher {
-        bus: bus.clone(),
-        forges: forges.clone(),
-        router,
-        sealer: sealer.clone(),
-        forge_instance: config.forge.url.trim_end_matches('/').to_owned(),
-        max_duration,
-        lookahead,
-        unclaimed: unclaimed.clone(),
-        unclaimed_horizon: horizon,
-        leases,
-        stats: Default::default(),
-        presence: Default::default(),
-        intakes: Arc::new(crate::intakes::IntakeBoard::new(
-            config.forge.flavor.as_str(),
-            config.forge.layout().as_str(),
-            &me,
-            Some(readiness.clone()),
-        )),
+            },
+            shutdown,
+        )
     });
     // A `[[github]]` entry that cannot be built is reported as its intake's error, and the
     // rest of the scheduler runs (its fix, in the config or the files it names, needs a restart).
-    for (intake, error) in &github_broken {
-        let why = format!("{error:#}");
-        tracing::error!(%intake, error = %why, "this GitHub scale set cannot start; everything else runs");
-        dispatcher
-            .intakes
-            .report(intake, Some(("github", "scale-set")), Some(why), true);
+    github.report_broken(&board);
+    let mut forge_commands: Vec<Arc<dyn ForgeCommands>> = Vec::new();
+    let mut intakes: Vec<Box<dyn Intake>> = Vec::new();
+    if let Some(gitea) = &gitea {
+        forge_commands.push(Arc::new(gitea.commands()));
+        intakes.extend(gitea.intakes());
     }
+    forge_commands.push(Arc::new(github.commands(bus.clone())));
+    intakes.extend(github.intakes(&GitHubParts {
+        bus: bus.clone(),
+        store: store.clone(),
+        sink: sink.clone(),
+        board: board.clone(),
+        me: me.clone(),
+        policy,
+    }));
+
     let token_keys = token_keys_from_config(&config)?;
-    let mode: crate::facade::AuthMode = config.facade.mode.into();
+    let mode: jr_facade::AuthMode = config.facade.mode.into();
     let warm_backends: Vec<&String> = config
         .backend
         .iter()
@@ -280,11 +218,21 @@ pub async fn build(
     // With every worker's token key the facade checks tokens itself and never needs the hashes
     // workers may publish.
     let reads_token_hashes = mode.uses_token() && token_keys.is_empty();
+    let directory: Arc<dyn jr_facade::ForgeDirectory> = match &gitea {
+        Some(gitea) => Arc::new(gitea.forges().clone()),
+        None => Arc::new(jr_gitea_intake::Forges::default()),
+    };
+    // Without a Gitea forge no claim ever needs a keepalive settled.
+    let unclaimed = gitea.as_ref().map_or_else(
+        || Arc::new(Unclaimed::new(config.forge.keepalive_interval)),
+        Gitea::unclaimed,
+    );
+    let backends: Vec<_> = config.enabled_backends().map(|(n, _)| n).collect();
     let facade = Arc::new(Facade::new(
         FacadeSettings {
             mode,
             trust_domain: config.facade.trust_domain.clone(),
-            forges: forges.clone(),
+            forges: directory,
             forge_base_url: config.forge.url.clone(),
             sealer: sealer.clone(),
             token_keys,
@@ -292,40 +240,39 @@ pub async fn build(
             spiffe_path: config.facade.spiffe_path.clone(),
             insecure_plain_http: config.facade.insecure_plain_http,
         },
-        JetStreamLedger::new(bus.clone(), backends, unclaimed.clone(), sealer.clone())
+        JetStreamLedger::new(bus.clone(), backends, unclaimed, sealer.clone())
             .reading_token_hashes(reads_token_hashes),
     )?);
     if let Some(metrics) = metrics {
         metrics
             .registry()
             .register_collector(Box::new(crate::metrics::SchedulerCollector {
-                dispatcher: dispatcher.clone(),
+                dispatcher: gitea.as_ref().map(|g| g.dispatcher.clone()),
+                board: board.clone(),
                 facade: facade.clone(),
             }));
     }
     let listener = tokio::net::TcpListener::bind(config.facade.listen)
         .await
         .with_context(|| format!("binding facade.listen {}", config.facade.listen))?;
-    tracing::info!(listen = %config.facade.listen, registrations = forges.registrations().len(), "scheduler running");
+    tracing::info!(listen = %config.facade.listen, intakes = intakes.len(), "scheduler running");
 
+    let context = crate::commands::Context {
+        bus: bus.clone(),
+        forges: forge_commands,
+        sealer,
+    };
     Ok(Scheduler {
-        config: Arc::new(config),
         bus,
         readiness,
-        dispatcher,
         facade,
         listener,
         tls,
-        unclaimed,
-        forges,
-        planned,
-        shared,
+        board,
+        intakes,
+        gitea,
         commands,
-        github_forges,
-        github_clients,
-        store,
-        me,
-        policy,
+        context,
         warm,
     })
 }
@@ -334,23 +281,16 @@ impl Scheduler {
     /// Runs every part until `shutdown`, then waits for each to finish.
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let Scheduler {
-            config,
             bus,
             readiness,
-            dispatcher,
             facade,
             listener,
             tls,
-            unclaimed,
-            forges,
-            planned,
-            shared,
+            board,
+            intakes,
+            gitea,
             commands,
-            github_forges,
-            github_clients,
-            store,
-            me,
-            policy,
+            context,
             warm,
         } = self;
         let mut tasks = TaskSet::new(Shutdown::from(shutdown.clone()));
@@ -361,25 +301,16 @@ impl Scheduler {
             });
         }
         {
-            let (board, b, stop) = (dispatcher.intakes.clone(), bus.clone(), shutdown.clone());
+            let (b, stop) = (bus.clone(), shutdown.clone());
             tasks.spawn("intake records", async move {
                 board.run_writer(b, stop).await;
                 Ok::<(), anyhow::Error>(())
             });
         }
-        {
-            let (u, f, b, stop) = (unclaimed, forges.clone(), bus.clone(), shutdown.clone());
-            tasks.spawn("keepalive", async move {
-                crate::unclaimed::run_keepalive(u, f, b, stop).await
-            });
+        if let Some(gitea) = &gitea {
+            tasks.spawn("keepalive", gitea.keepalive(shutdown.clone()));
         }
         {
-            let context = crate::commands::Context {
-                bus: bus.clone(),
-                forges: forges.clone(),
-                github: github_clients.clone(),
-                sealer: dispatcher.sealer.clone(),
-            };
             let (b, stop) = (bus.clone(), shutdown.clone());
             tasks.spawn("command consumer", async move {
                 b.run_consumer(
@@ -401,46 +332,11 @@ impl Scheduler {
                 Ok::<(), anyhow::Error>(())
             });
         }
-        // Each `[[github]]` entry: a scale set listener on the replica holding its lease.
-        for forge in github_forges {
-            let name = forge.entry.name.clone();
-            let leadership = jr_bus::lease::spawn_lease(
-                jr_bus::lease::LeaseSpec {
-                    store: store.clone(),
-                    key: format!("lease.github.{name}"),
-                    me: me.clone(),
-                    policy,
-                },
-                shutdown.clone(),
-            );
-            let (b, kv, sealer, owner, stop) = (
-                bus.clone(),
-                store.clone(),
-                dispatcher.sealer.clone(),
-                me.clone(),
-                shutdown.clone(),
-            );
-            let board = dispatcher.intakes.clone();
-            tasks.spawn("github listener", async move {
-                forge
-                    .run(b, kv, sealer, leadership, owner, Some(board), stop)
-                    .await
-            });
-        }
         readiness.set("facade", true);
-        let pacing = Pacing {
-            poll_interval: config.forge.poll_interval,
-            max_backoff: config.forge.max_backoff,
-            version_reset_interval: config.forge.version_reset_interval,
-            flavor: config.forge.flavor,
-            task_capacity: config.forge.task_capacity,
-        };
-        for registration in planned {
-            let credentials = shared.get(&registration.name).cloned();
-            let (d, c, stop) = (dispatcher.clone(), config.clone(), shutdown.clone());
-            tasks.spawn("forge registration", async move {
-                crate::intake::run_registration(d, c, registration, credentials, pacing, stop)
-                    .await;
+        for intake in intakes {
+            let stop = shutdown.clone();
+            tasks.spawn(format!("intake {}", intake.name()), async move {
+                intake.run(stop).await;
                 Ok::<(), anyhow::Error>(())
             });
         }
@@ -464,21 +360,22 @@ async fn follow_warm_wakeups(
     shutdown: CancellationToken,
 ) {
     use futures::StreamExt as _;
-    let mut backoff = std::time::Duration::from_millis(100);
+    let mut backoff = jr_bus::Backoff::new(
+        std::time::Duration::from_millis(100),
+        std::time::Duration::from_secs(5),
+    );
     while !shutdown.is_cancelled() {
         let mut sub = match bus.client().subscribe(jr_bus::warm::WAKE_ALL).await {
             Ok(sub) => sub,
             Err(error) => {
                 tracing::warn!(%error, "cannot subscribe to warm wake-ups; retrying");
-                tokio::select! {
-                    () = shutdown.cancelled() => return,
-                    () = tokio::time::sleep(backoff) => {}
+                if !backoff.pause(&shutdown).await {
+                    return;
                 }
-                backoff = (backoff * 2).min(std::time::Duration::from_secs(5));
                 continue;
             }
         };
-        backoff = std::time::Duration::from_millis(100);
+        backoff.reset();
         loop {
             let message = tokio::select! {
                 () = shutdown.cancelled() => return,

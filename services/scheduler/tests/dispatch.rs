@@ -10,13 +10,13 @@ use std::time::Duration;
 use jr_bus::{ConsumerOptions, ConsumerSpec, PublishOnce};
 use jr_fake_forge::{ErrorStyle, FaultConfig, JobSpec, Outcome, Rpc, Status, StopCause};
 use jr_forge::proto::runner::v1::{FetchTaskRequest, Task};
+use jr_gitea_intake::fetcher::FetchError;
+use jr_gitea_intake::registration::{RegistrationError, RunnerIdentity, establish};
 use jr_protocol::{
     AssignmentId, BackendName, Envelope, FailTask, Kind, Message, STREAM_COMMANDS, STREAM_EVENTS,
     TaskResult, Terminal, TerminalSource, subject,
 };
-use jr_scheduler::fetcher::FetchError;
-use jr_scheduler::registration::{RegistrationError, RunnerIdentity, establish};
-use jr_scheduler::seal::SealScope;
+use jr_seal::SealScope;
 use prost::Message as _;
 use support::{World, assert_published_exactly_once, eventually, expected_backends};
 use tokio_util::sync::CancellationToken;
@@ -99,7 +99,8 @@ async fn thousand_jobs_are_dispatched_exactly_once_to_their_backend() {
         .find(|m| m.assignment.backend.as_str() == "vm")
         .expect("a vm assignment");
     let plain = dispatcher
-        .sealer
+        .sink
+        .sealer()
         .open(
             SealScope::of(one.envelope.assignment_id, &one.assignment),
             &one.assignment.sealed_task,
@@ -132,7 +133,8 @@ async fn thousand_jobs_are_dispatched_exactly_once_to_their_backend() {
     let other = AssignmentId::for_task(&world.forge_instance(), one.assignment.forge_task_id + 1);
     assert!(
         dispatcher
-            .sealer
+            .sink
+            .sealer()
             .open(
                 SealScope::new(other, &one.assignment.backend, one.assignment.forge_task_id),
                 &one.assignment.sealed_task,
@@ -311,11 +313,11 @@ async fn forge_errors_and_latency_do_not_lose_or_duplicate_jobs() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_starting_together_register_one_runner_and_share_its_sealed_credentials() {
-    use jr_scheduler::registration::{SharedCredentials, establish_declared};
+    use jr_gitea_intake::registration::{SharedCredentials, establish_declared};
     let world = World::start().await;
     let labels = world.router().declared_labels().to_vec();
     let shutdown = CancellationToken::new();
-    let store = jr_scheduler::request_key::open_bucket(&world.bus)
+    let store = jr_gitea_intake::request_key::open_bucket(&world.bus)
         .await
         .expect("bucket");
     let sealer = std::sync::Arc::new(
@@ -385,9 +387,9 @@ async fn replicas_starting_together_register_one_runner_and_share_its_sealed_cre
     // A scheduler with another seal key cannot use them: a clear error, no new registration.
     let mut other = replicas[0].1.clone();
     other.sealer = std::sync::Arc::new(
-        jr_scheduler::seal::Sealer::new(
+        jr_seal::Sealer::new(
             "k9",
-            &[("k9".to_owned(), jr_scheduler::seal::Sealer::generate_key())]
+            &[("k9".to_owned(), jr_seal::Sealer::generate_key())]
                 .into_iter()
                 .collect(),
         )
@@ -608,25 +610,21 @@ async fn fail_task_reports_failure_once_and_respects_an_existing_terminal() {
 
     let stop = CancellationToken::new();
     let consumer = {
-        let (bus, forges, stop) = (world.bus.clone(), forges.clone(), stop.clone());
-        let sealer = dispatcher.sealer.clone();
+        let (bus, stop) = (world.bus.clone(), stop.clone());
+        let context = jr_scheduler::commands::Context {
+            bus: bus.clone(),
+            forges: vec![std::sync::Arc::new(jr_gitea_intake::GiteaCommands {
+                bus: bus.clone(),
+                forges: forges.clone(),
+            })],
+            sealer: dispatcher.sink.sealer().clone(),
+        };
         tokio::spawn(async move {
-            let handler_bus = bus.clone();
             bus.run_consumer(
                 &ConsumerSpec::scheduler_commands(),
                 move |d| {
-                    let (bus, forges, sealer) =
-                        (handler_bus.clone(), forges.clone(), sealer.clone());
-                    async move {
-                        jr_scheduler::commands::fail_task::handle(
-                            &bus,
-                            &forges,
-                            &Default::default(),
-                            &sealer,
-                            d,
-                        )
-                        .await
-                    }
+                    let context = context.clone();
+                    async move { jr_scheduler::commands::handle(&context, d).await }
                 },
                 ConsumerOptions::default(),
                 stop,

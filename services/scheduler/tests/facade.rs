@@ -6,6 +6,7 @@ mod facade_support;
 use std::sync::Arc;
 
 use facade_support::*;
+use jr_facade::{AuthMode, AuthRefusal, Facade};
 use jr_forge::proto::ping::v1::PingRequest;
 use jr_forge::proto::runner::v1::{
     DeclareRequest, FetchTaskRequest, LogRow, RegisterRequest, Result as ForgeResult, TaskState,
@@ -13,7 +14,6 @@ use jr_forge::proto::runner::v1::{
 };
 use jr_forge::{Code, ForgeClient, ForgeError};
 use jr_protocol::{AssignmentId, TaskResult, TerminalSource};
-use jr_scheduler::facade::{AuthMode, AuthRefusal, Facade};
 
 const TOKEN: &str = "executor-token-of-attempt-1";
 
@@ -658,14 +658,17 @@ async fn declare_relays_the_forges_capabilities_to_the_executor() {
     let h = start().await;
     let id = add_assignment(&h, 96, Some(TOKEN));
     let mut settings = settings(AuthMode::Token, &h.forge_url, h.sealer.clone(), true);
-    let client = settings.forges.registrations()[0].client.clone();
-    settings.forges = jr_scheduler::forges::Forges::new(vec![jr_scheduler::forges::Registration {
-        name: "pod".into(),
-        client,
-        backends: vec![jr_protocol::BackendName::new("pod").expect("backend")],
-        own_backend: None,
-        capabilities: Some("cancelling".into()),
-    }]);
+    let pod = jr_protocol::BackendName::new("pod").expect("backend");
+    let client = settings.forges.client(&pod).expect("a client for pod");
+    settings.forges = Arc::new(jr_gitea_intake::forges::Forges::new(vec![
+        jr_gitea_intake::forges::Registration {
+            name: "pod".into(),
+            client,
+            backends: vec![pod],
+            own_backend: None,
+            capabilities: Some("cancelling".into()),
+        },
+    ]));
     let facade = Arc::new(Facade::new(settings, h.ledger.clone()).expect("facade"));
     let served = serve_facade(facade, None).await;
     let response = reqwest::Client::new()
@@ -763,9 +766,8 @@ async fn a_warm_executor_gets_the_task_its_worker_bound_it_to_and_nothing_else()
     use jr_protocol::BackendName;
     let pod = BackendName::new("pod").expect("backend");
     let vm = BackendName::new("vm").expect("backend");
-    let vm_key =
-        jr_worker::TokenKey::from_base64("dm0td29ya2VyLWtleS1mb3ItdGhlLWZhY2FkZS10ZXN0cyE=")
-            .expect("vm key");
+    let vm_key = jr_seal::TokenKey::from_base64("dm0td29ya2VyLWtleS1mb3ItdGhlLWZhY2FkZS10ZXN0cyE=")
+        .expect("vm key");
     let keys = [(pod.clone(), token_key()), (vm.clone(), vm_key.clone())]
         .into_iter()
         .collect();

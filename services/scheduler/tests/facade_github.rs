@@ -4,10 +4,10 @@
 mod facade_support;
 
 use facade_support::*;
+use jr_facade::AssignmentView;
+use jr_protocol::RunnerRegistration as GitHubTask;
 use jr_protocol::{AssignmentId, BackendName, TokenHash};
-use jr_scheduler::facade::AssignmentView;
-use jr_scheduler::github::GitHubTask;
-use jr_scheduler::seal::SealScope;
+use jr_seal::SealScope;
 
 const TOKEN: &str = "github-executor-token";
 const PATH: &str = "/jetrunner/github/v1/runner-config";

@@ -9,15 +9,13 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use axum::body::Body;
 use facade_support::*;
 use http::{Request, StatusCode};
+use jr_facade::{AssignmentView, AuthMode, Facade, Ledger, LedgerError, MemoryLedger, router};
 use jr_forge::proto::runner::v1::{
     DeclareRequest, FetchTaskRequest, FetchTaskResponse, Result as ForgeResult, TaskState,
     UpdateTaskRequest,
 };
 use jr_forge::{Code, parse_connect_error};
 use jr_protocol::{AssignmentId, Terminal};
-use jr_scheduler::facade::{
-    AssignmentView, AuthMode, Facade, Ledger, LedgerError, MemoryLedger, router,
-};
 use prost::Message;
 use tower::ServiceExt;
 
@@ -128,7 +126,7 @@ async fn ledger_failures_ask_the_executor_to_retry_and_lose_nothing() {
         forge_task_id: 71,
         sealed_task: sealer
             .seal(
-                jr_scheduler::seal::SealScope::new(
+                jr_seal::SealScope::new(
                     id,
                     &jr_protocol::BackendName::new("vm").expect("backend"),
                     71,

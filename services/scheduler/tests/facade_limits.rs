@@ -6,8 +6,8 @@ mod facade_support;
 use std::time::{Duration, Instant};
 
 use facade_support::*;
+use jr_facade::FacadeLimits;
 use jr_forge::Code;
-use jr_scheduler::facade::FacadeLimits;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 

@@ -6,10 +6,10 @@ mod facade_support;
 use std::sync::Arc;
 
 use facade_support::*;
+use jr_facade::{AuthMode, AuthRefusal, Facade, FacadeError, TlsSettings, serve};
 use jr_forge::proto::runner::v1::{FetchTaskRequest, FetchTaskResponse};
 use jr_forge::{Code, parse_connect_error};
 use jr_protocol::AssignmentId;
-use jr_scheduler::facade::{AuthMode, AuthRefusal, Facade, FacadeError, TlsSettings, serve};
 use prost::Message;
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
@@ -292,7 +292,7 @@ async fn plain_http_is_refused_unless_configured() {
         let facade = Arc::new(
             Facade::new(
                 settings(mode, &forge_url, sealer(), insecure),
-                Arc::new(jr_scheduler::facade::MemoryLedger::new()),
+                Arc::new(jr_facade::MemoryLedger::new()),
             )
             .expect("facade"),
         );
@@ -310,7 +310,7 @@ async fn plain_http_is_refused_unless_configured() {
     let facade = Arc::new(
         Facade::new(
             settings(AuthMode::Spiffe, &forge_url, sealer(), false),
-            Arc::new(jr_scheduler::facade::MemoryLedger::new()),
+            Arc::new(jr_facade::MemoryLedger::new()),
         )
         .expect("facade"),
     );

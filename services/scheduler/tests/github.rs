@@ -14,12 +14,13 @@ use jr_bus::async_nats::jetstream::kv;
 use jr_fake_github::{FakeGitHub, JobSpec, JobState};
 use jr_github::wire::JobFacts;
 use jr_github::{Credentials, Listener, RetryPolicy, ScaleSetClient, Settings};
+use jr_github_intake::ledger::{JetStreamSink, assignment_id};
+use jr_protocol::RunnerRegistration as GitHubTask;
 use jr_protocol::{
     AssignmentId, BackendName, Kind, Message, STREAM_ASSIGNMENTS, STREAM_EVENTS, TaskResult,
     subject,
 };
-use jr_scheduler::github::{GitHubTask, JetStreamSink, assignment_id};
-use jr_scheduler::seal::{SealScope, Sealer};
+use jr_seal::{SealScope, Sealer};
 use support::World;
 use tokio_util::sync::CancellationToken;
 
@@ -139,7 +140,7 @@ async fn workloads(
 async fn github_jobs_become_sealed_assignments_claimed_and_final_once() {
     let world = World::start().await;
     let sealer = Arc::new(jr_scheduler::service::sealer_from_config(&world.config).expect("key"));
-    let store = jr_scheduler::request_key::open_bucket(&world.bus)
+    let store = jr_gitea_intake::request_key::open_bucket(&world.bus)
         .await
         .expect("bucket");
     let fake = FakeGitHub::start(PAT).await.expect("fake");
@@ -159,11 +160,11 @@ async fn github_jobs_become_sealed_assignments_claimed_and_final_once() {
         sink: JetStreamSink {
             bus: world.bus.clone(),
             kv: store.clone(),
-            sealer: sealer.clone(),
+            assignments: jr_intake::sink::AssignmentSink::new(world.bus.clone(), sealer.clone()),
             forge: FORGE.into(),
             backend: pod(),
             max_duration: Duration::from_secs(3600),
-            room: jr_scheduler::github::Room::Fixed(10),
+            room: jr_github_intake::ledger::Room::Fixed(10),
         },
     };
 
@@ -338,7 +339,7 @@ async fn last_message(world: &World, stream: &str, subject: &str) -> Message {
 async fn jobs_without_a_request_id_get_one_assignment_claim_and_terminal_naming_their_job() {
     let world = World::start().await;
     let sealer = Arc::new(jr_scheduler::service::sealer_from_config(&world.config).expect("key"));
-    let store = jr_scheduler::request_key::open_bucket(&world.bus)
+    let store = jr_gitea_intake::request_key::open_bucket(&world.bus)
         .await
         .expect("bucket");
     let fake = FakeGitHub::start(PAT).await.expect("fake");
@@ -360,11 +361,11 @@ async fn jobs_without_a_request_id_get_one_assignment_claim_and_terminal_naming_
         sink: JetStreamSink {
             bus: world.bus.clone(),
             kv: store.clone(),
-            sealer: sealer.clone(),
+            assignments: jr_intake::sink::AssignmentSink::new(world.bus.clone(), sealer.clone()),
             forge: FORGE.into(),
             backend: pod(),
             max_duration: Duration::from_secs(3600),
-            room: jr_scheduler::github::Room::Fixed(10),
+            room: jr_github_intake::ledger::Room::Fixed(10),
         },
     };
     let stop = CancellationToken::new();

@@ -7,13 +7,13 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
+use jr_facade::Ledger as _;
+use jr_gitea_intake::unclaimed::Unclaimed;
 use jr_protocol::{
     AssignmentId, BackendName, Envelope, Kind, Message, TaskResult, Terminal, TerminalSource,
     TokenHash, WorkloadCreated, subject,
 };
-use jr_scheduler::facade::Ledger as _;
 use jr_scheduler::ledger::JetStreamLedger;
-use jr_scheduler::unclaimed::Unclaimed;
 use support::{World, sealed_assignment};
 
 fn pod() -> BackendName {

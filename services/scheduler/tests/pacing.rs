@@ -217,7 +217,7 @@ async fn fetchers_with_keepalive(
     let fetchers = world
         .start_fetchers(Duration::from_millis(50), Duration::from_millis(200))
         .await;
-    let keepalive = tokio::spawn(jr_scheduler::unclaimed::run_keepalive(
+    let keepalive = tokio::spawn(jr_gitea_intake::unclaimed::run_keepalive(
         fetchers.dispatcher.unclaimed.clone(),
         fetchers.dispatcher.forges.clone(),
         world.bus.clone(),
@@ -422,7 +422,7 @@ async fn a_stored_request_key_whose_tasks_all_ended_is_replaced_not_repeated_for
     for id in &ended {
         assert!(world.forge.cancel_task(*id));
     }
-    jr_scheduler::request_key::open_bucket(&world.bus)
+    jr_gitea_intake::request_key::open_bucket(&world.bus)
         .await
         .expect("bucket")
         .put("request-key.pod", stale.into())

@@ -13,7 +13,7 @@ use jr_protocol::{
     Assignment, AssignmentId, BackendName, Envelope, Kind, Message, Redispatch, STREAM_COMMANDS,
     STREAM_EVENTS, subject,
 };
-use jr_scheduler::seal::Sealer;
+use jr_seal::Sealer;
 use support::{World, eventually, sealed_assignment};
 use tokio_util::sync::CancellationToken;
 

@@ -3,11 +3,13 @@
 //! - [`proto`]: prost types of `runner.v1` and `ping.v1`.
 //! - [`ForgeClient`]: Connect unary client (HTTP/1.1, `application/proto`, gzip replies).
 //! - [`ForgeError`] / [`Code`]: errors, with Gitea's `unknown` + `rpc error: code = X` unwrapped.
+//! - [`report`]: calls on jetrunner's own account (a final failure, a heartbeat).
 //! - [`wire`]: paths, headers and request/response codec helpers for servers (facade, fake forge).
 
 mod client;
 mod code;
 mod error;
+pub mod report;
 pub mod wire;
 
 pub use client::{Credentials, ForgeClient};

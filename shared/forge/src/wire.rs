@@ -22,6 +22,8 @@ pub const HEADER_RUNNER_UUID: &str = "x-runner-uuid";
 pub const HEADER_RUNNER_TOKEN: &str = "x-runner-token";
 /// Forgejo: a fetch repeated with the same key returns the tasks assigned under it again.
 pub const HEADER_REQUEST_KEY: &str = "x-runner-request-key";
+/// Gitea's capabilities, sent with its Register and Declare replies (newer runners read them).
+pub const HEADER_CAPABILITIES: &str = "x-gitea-actions-capabilities";
 pub const HEADER_CONNECT_PROTOCOL_VERSION: &str = "connect-protocol-version";
 pub const HEADER_CONNECT_TIMEOUT_MS: &str = "connect-timeout-ms";
 pub const CONNECT_PROTOCOL_VERSION: &str = "1";

@@ -14,6 +14,7 @@
 use std::future::Future;
 use std::time::Duration;
 
+use jr_retry::Backoff;
 use tokio_util::sync::CancellationToken;
 
 use crate::guard::{Guard, Verdict};
@@ -139,12 +140,9 @@ pub struct Listener<S> {
     pub sink: S,
 }
 
-/// Sleeps `delay` unless `stop` fires first; `false` when it did.
-async fn pause(stop: &CancellationToken, delay: Duration) -> bool {
-    tokio::select! {
-        () = stop.cancelled() => false,
-        () = tokio::time::sleep(delay) => true,
-    }
+/// The back-off of the listener's retries: 200 ms doubling to [`MAX_DELAY`], with jitter.
+fn backoff() -> Backoff {
+    Backoff::new(Duration::from_millis(200), MAX_DELAY)
 }
 
 impl<S: Sink> Listener<S> {
@@ -155,16 +153,15 @@ impl<S: Sink> Listener<S> {
         &self,
         stop: &CancellationToken,
     ) -> Result<Option<MessageSession>, ListenError> {
-        let mut delay = Duration::from_millis(200);
+        let mut backoff = backoff();
         let saved = loop {
             match self.sink.load_cursor().await {
                 Ok(saved) => break saved,
                 Err(error) => tracing::warn!(%error, "reading the session cursor failed; retrying"),
             }
-            if !pause(stop, delay).await {
+            if !backoff.pause(stop).await {
                 return Ok(None);
             }
-            delay = (delay * 2).min(MAX_DELAY);
         };
         if let Some((id, last)) = saved {
             loop {
@@ -178,10 +175,9 @@ impl<S: Sink> Listener<S> {
                         break;
                     }
                 }
-                if !pause(stop, delay).await {
+                if !backoff.pause(stop).await {
                     return Ok(None);
                 }
-                delay = (delay * 2).min(MAX_DELAY);
             }
         }
         loop {
@@ -199,10 +195,9 @@ impl<S: Sink> Listener<S> {
                 }
                 Err(error) => return Err(error.into()),
             }
-            if !pause(stop, delay).await {
+            if !backoff.pause(stop).await {
                 return Ok(None);
             }
-            delay = (delay * 2).min(MAX_DELAY);
         }
     }
 
@@ -270,7 +265,7 @@ impl<S: Sink> Listener<S> {
         };
         let mut saved_session = session.id().to_owned();
         let mut state = ListenerState::new(&self.forge, Default::default());
-        let mut delay = Duration::from_millis(200);
+        let mut backoff = backoff();
         loop {
             let capacity = tokio::select! {
                 () = stop.cancelled() => break,
@@ -293,15 +288,14 @@ impl<S: Sink> Listener<S> {
                 }
                 Err(error) if error.is_transient() => {
                     tracing::warn!(%error, "polling the scale set failed; retrying");
-                    if !pause(&stop, delay).await {
+                    if !backoff.pause(&stop).await {
                         break;
                     }
-                    delay = (delay * 2).min(MAX_DELAY);
                     continue;
                 }
                 Err(error) => return Err(error.into()),
             };
-            delay = Duration::from_millis(200);
+            backoff.reset();
             let before = state.clone();
             let room = self.sink.room().await;
             let actions = state.on_message(&message, room);
@@ -315,10 +309,9 @@ impl<S: Sink> Listener<S> {
                 Err(error) => {
                     tracing::warn!(%error, message = message.id, "handling a message failed; it will come again");
                     state = before;
-                    if !pause(&stop, delay).await {
+                    if !backoff.pause(&stop).await {
                         break;
                     }
-                    delay = (delay * 2).min(MAX_DELAY);
                 }
             }
         }

@@ -63,6 +63,26 @@ impl ForgeKind {
     }
 }
 
+/// What is sealed into the assignment of a runner-bound forge (GitHub): the one-use
+/// registration the executor's runner starts with, handed out by the facade's runner-config
+/// route. JSON, sealed like a Gitea task.
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
+pub struct RunnerRegistration {
+    /// The just-in-time runner's name (`jr-<assignment>-<attempt>`).
+    pub runner_name: String,
+    /// The forge's encoded just-in-time config: the runner starts with `--jitconfig <this>`.
+    pub jit_config: String,
+}
+
+impl std::fmt::Debug for RunnerRegistration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunnerRegistration")
+            .field("runner_name", &self.runner_name)
+            .field("jit_config", &"<redacted>")
+            .finish()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -14,7 +14,7 @@ mod validate;
 mod worker_ids;
 
 pub use codec::{DecodeError, decode, encode, to_json};
-pub use forge::ForgeKind;
+pub use forge::{ForgeKind, RunnerRegistration};
 pub use ids::{AssignmentId, BackendName, InvalidName};
 pub use message::*;
 pub use reason::Reason;

@@ -26,7 +26,7 @@ use crate::state::{
     AttemptKey, CreateAnswer, DeleteAnswer, DeliveryId, Effect, Event, Input, StateConfig,
     TicketId, WarmPolicy, WorkerState,
 };
-use crate::token::TokenKey;
+use jr_seal::TokenKey;
 
 #[derive(Clone, Debug)]
 pub struct WorkerSettings {

@@ -16,14 +16,13 @@ pub mod replicas;
 mod run;
 mod service;
 pub mod state;
-pub mod token;
 
 pub use backend::{Backend, BackendError, ObservedWorkload, WorkloadSpec, workload_name};
 pub use driver::{WarmSettings, Worker, WorkerSettings};
 pub use error::WorkerError;
 pub use fair::{Fair, FairShare};
+pub use jr_seal::{TokenKey, token_hash};
 pub use metrics::WorkerMetrics;
 pub use providers::{Burst, PlacementMetrics, Provider, ProviderStats, Providers, Tier};
 pub use service::{fair_share_from_config, run_with_providers};
 pub use service::{run_service, settings_from_config};
-pub use token::{TokenKey, token_hash};

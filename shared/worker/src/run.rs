@@ -64,17 +64,15 @@ async fn until_ok<T, E: std::fmt::Display, F: Future<Output = Result<T, E>>>(
     shutdown: &CancellationToken,
     mut op: impl FnMut() -> F,
 ) -> Option<T> {
-    let mut delay = Duration::from_millis(200);
+    let mut backoff = jr_bus::Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
     loop {
         match op().await {
             Ok(value) => return Some(value),
             Err(error) => tracing::warn!(%error, "{what} failed at start; retrying"),
         }
-        tokio::select! {
-            () = shutdown.cancelled() => return None,
-            () = tokio::time::sleep(delay) => {}
+        if !backoff.pause(shutdown).await {
+            return None;
         }
-        delay = (delay * 2).min(Duration::from_secs(10));
     }
 }
 

@@ -7,7 +7,7 @@ use jr_protocol::BackendName;
 use crate::backend::Backend;
 use crate::driver::{WarmSettings, Worker, WorkerSettings};
 use crate::error::WorkerError;
-use crate::token::TokenKey;
+use jr_seal::TokenKey;
 
 /// Settings of the worker serving `[backend.<name>]` with the `[pod_worker]`/`[vm_worker]`
 /// section `section`: which backend (default `default_backend`), its capacity, identity, the

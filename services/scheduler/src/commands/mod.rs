@@ -7,19 +7,16 @@ pub mod redispatch;
 use std::sync::Arc;
 
 use jr_bus::{Bus, Delivery, Disposition};
+use jr_intake::ForgeCommands;
 use jr_protocol::Kind;
-
-use crate::forges::Forges;
-use crate::seal::Sealer;
-
-pub use fail_task::GitHubClients;
+use jr_seal::Sealer;
 
 /// What the command handlers work with.
 #[derive(Clone)]
 pub struct Context {
     pub bus: Bus,
-    pub forges: Forges,
-    pub github: Arc<GitHubClients>,
+    /// Each forge's answers to the commands about its assignments.
+    pub forges: Vec<Arc<dyn ForgeCommands>>,
     pub sealer: Arc<Sealer>,
 }
 
@@ -27,9 +24,7 @@ pub struct Context {
 pub async fn handle(ctx: &Context, delivery: Delivery) -> Disposition {
     match delivery.envelope.kind() {
         Kind::Redispatch => redispatch::handle(&ctx.bus, &ctx.sealer, delivery).await,
-        Kind::FailTask => {
-            fail_task::handle(&ctx.bus, &ctx.forges, &ctx.github, &ctx.sealer, delivery).await
-        }
+        Kind::FailTask => fail_task::handle(ctx, delivery).await,
         other => Disposition::Term(format!(
             "{} is not a command the scheduler executes",
             other.as_str()

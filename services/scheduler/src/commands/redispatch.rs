@@ -20,7 +20,7 @@ use jr_protocol::{
     subject,
 };
 
-use crate::seal::Sealer;
+use jr_seal::Sealer;
 
 /// What one `redispatch` command leads to.
 #[derive(Clone, Debug, PartialEq)]
@@ -121,7 +121,7 @@ pub async fn handle(bus: &Bus, sealer: &Sealer, delivery: Delivery) -> Dispositi
         return Disposition::Term(format!("{} is not a redispatch command", envelope.kind()));
     };
     let assignment_subject = subject::assignment(&command.backend, id);
-    let genuine = |e: &Envelope| crate::ours::sealed_by(sealer, e);
+    let genuine = |e: &Envelope| jr_intake::ours::sealed_by(sealer, e);
     // Usually the last message is the scheduler's own; only otherwise is the history read.
     let plan = match bus
         .last_on_subject(STREAM_ASSIGNMENTS, &assignment_subject)
@@ -138,7 +138,7 @@ pub async fn handle(bus: &Bus, sealer: &Sealer, delivery: Delivery) -> Dispositi
                 _ => Plan::Refuse(String::new()),
             };
             if let Plan::Refuse(_) = plan {
-                match crate::ours::history(bus, &assignment_subject).await {
+                match jr_intake::ours::history(bus, &assignment_subject).await {
                     Ok(history) => decide(id, command, &history, genuine, now_ms()),
                     Err(e) => {
                         tracing::warn!(assignment = %id, error = %e, "cannot read the assignment's history; retrying");
@@ -362,26 +362,26 @@ mod tests {
         };
         let genuine = with_seal(
             sealer
-                .seal(crate::seal::SealScope::new(id(), &pod, 7), &task(7))
+                .seal(jr_seal::SealScope::new(id(), &pod, 7), &task(7))
                 .unwrap_or_else(|e| panic!("{e}")),
         );
-        assert_eq!(crate::ours::sealed_by(&sealer, &genuine), Ok(()));
+        assert_eq!(jr_intake::ours::sealed_by(&sealer, &genuine), Ok(()));
         let forged = with_seal(
             stranger
-                .seal(crate::seal::SealScope::new(id(), &pod, 7), &task(7))
+                .seal(jr_seal::SealScope::new(id(), &pod, 7), &task(7))
                 .unwrap_or_else(|e| panic!("{e}")),
         );
-        assert!(crate::ours::sealed_by(&sealer, &forged).is_err());
+        assert!(jr_intake::ours::sealed_by(&sealer, &forged).is_err());
         let other_task = with_seal(
             sealer
-                .seal(crate::seal::SealScope::new(id(), &pod, 7), &task(8))
+                .seal(jr_seal::SealScope::new(id(), &pod, 7), &task(8))
                 .unwrap_or_else(|e| panic!("{e}")),
         );
-        assert!(crate::ours::sealed_by(&sealer, &other_task).is_err());
+        assert!(jr_intake::ours::sealed_by(&sealer, &other_task).is_err());
         let other_assignment = with_seal(
             sealer
                 .seal(
-                    crate::seal::SealScope::new(
+                    jr_seal::SealScope::new(
                         AssignmentId::for_task("https://forge.test", 9),
                         &pod,
                         7,
@@ -390,6 +390,6 @@ mod tests {
                 )
                 .unwrap_or_else(|e| panic!("{e}")),
         );
-        assert!(crate::ours::sealed_by(&sealer, &other_assignment).is_err());
+        assert!(jr_intake::ours::sealed_by(&sealer, &other_assignment).is_err());
     }
 }

@@ -13,16 +13,16 @@ use axum::extract::{OriginalUri, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, post};
+use jr_facade::{
+    AssignmentView, AuthMode, Facade, FacadeSettings, MemoryLedger, TlsSettings, serve,
+};
 use jr_forge::proto::runner::v1::{
     Result as ForgeResult, Task, TaskState, UpdateLogRequest, UpdateLogResponse, UpdateTaskRequest,
     UpdateTaskResponse,
 };
 use jr_forge::{Code, Credentials, ForgeClient, connect_error_body};
 use jr_protocol::{AssignmentId, BackendName, TokenHash};
-use jr_scheduler::facade::{
-    AssignmentView, AuthMode, Facade, FacadeSettings, MemoryLedger, TlsSettings, serve,
-};
-use jr_scheduler::seal::Sealer;
+use jr_seal::Sealer;
 use prost::Message;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -210,7 +210,7 @@ pub struct Harness {
     /// `http://…` or `https://localhost:…`.
     pub url: String,
     stop: Option<oneshot::Sender<()>>,
-    server: Option<JoinHandle<Result<(), jr_scheduler::facade::FacadeError>>>,
+    server: Option<JoinHandle<Result<(), jr_facade::FacadeError>>>,
 }
 
 impl Harness {
@@ -250,14 +250,14 @@ pub fn settings(
     FacadeSettings {
         mode,
         trust_domain: Some("ci.example.org".into()),
-        forges: jr_scheduler::forges::Forges::shared(
+        forges: std::sync::Arc::new(jr_gitea_intake::forges::Forges::shared(
             ForgeClient::new(forge_url, Some(credentials), Duration::from_secs(10))
                 .expect("forge client"),
             vec![
                 BackendName::new("pod").expect("backend"),
                 BackendName::new("vm").expect("backend"),
             ],
-        ),
+        )),
         forge_base_url: forge_url.to_owned(),
         sealer,
         token_keys: Default::default(),
@@ -277,8 +277,8 @@ pub async fn start_with(mode: AuthMode, tls: Option<TlsSettings>) -> Harness {
 }
 
 /// The test key executor tokens derive from when a facade holds the backends' token keys.
-pub fn token_key() -> jr_worker::TokenKey {
-    jr_worker::TokenKey::from_base64("ZmFjYWRlLXRlc3QtdG9rZW4ta2V5LWZhY2FkZS10ZXN0IQ==")
+pub fn token_key() -> jr_seal::TokenKey {
+    jr_seal::TokenKey::from_base64("ZmFjYWRlLXRlc3QtdG9rZW4ta2V5LWZhY2FkZS10ZXN0IQ==")
         .expect("test token key")
 }
 
@@ -294,21 +294,21 @@ pub async fn start_with_token_keys() -> Harness {
 pub async fn start_keyed(
     mode: AuthMode,
     tls: Option<TlsSettings>,
-    token_keys: BTreeMap<BackendName, jr_worker::TokenKey>,
+    token_keys: BTreeMap<BackendName, jr_seal::TokenKey>,
 ) -> Harness {
     start_full(mode, tls, token_keys, Default::default()).await
 }
 
 /// A token-mode facade with the given resource limits.
-pub async fn start_with_limits(limits: jr_scheduler::facade::FacadeLimits) -> Harness {
+pub async fn start_with_limits(limits: jr_facade::FacadeLimits) -> Harness {
     start_full(AuthMode::Token, None, BTreeMap::new(), limits).await
 }
 
 pub async fn start_full(
     mode: AuthMode,
     tls: Option<TlsSettings>,
-    token_keys: BTreeMap<BackendName, jr_worker::TokenKey>,
-    limits: jr_scheduler::facade::FacadeLimits,
+    token_keys: BTreeMap<BackendName, jr_seal::TokenKey>,
+    limits: jr_facade::FacadeLimits,
 ) -> Harness {
     install_crypto();
     let (forge_url, forge) = start_forge().await;
@@ -336,7 +336,7 @@ pub async fn start_full(
 pub struct Served {
     pub url: String,
     pub stop: oneshot::Sender<()>,
-    pub server: JoinHandle<Result<(), jr_scheduler::facade::FacadeError>>,
+    pub server: JoinHandle<Result<(), jr_facade::FacadeError>>,
 }
 
 pub async fn serve_facade(
@@ -374,7 +374,7 @@ pub fn add_assignment(h: &Harness, forge_task_id: i64, token: Option<&str>) -> A
     let sealed = h
         .sealer
         .seal(
-            jr_scheduler::seal::SealScope::new(
+            jr_seal::SealScope::new(
                 id,
                 &BackendName::new("pod").expect("backend"),
                 forge_task_id,

@@ -15,12 +15,12 @@ use jr_bus::testing::NatsServer;
 use jr_bus::{Bus, ConsumerSpec, Topology};
 use jr_config::Config;
 use jr_fake_forge::FakeForge;
+use jr_gitea_intake::fetcher::{Dispatcher, FetchError, Pacing, run_fetchers};
+use jr_gitea_intake::forges::Forges;
+use jr_gitea_intake::unclaimed::Unclaimed;
+use jr_intake::routing::Router;
 use jr_protocol::{Assignment, Envelope, Message, STREAM_ASSIGNMENTS, subject};
-use jr_scheduler::fetcher::{Dispatcher, FetchError, Pacing, run_fetchers};
-use jr_scheduler::forges::Forges;
-use jr_scheduler::routing::Router;
-use jr_scheduler::seal::Sealer;
-use jr_scheduler::unclaimed::Unclaimed;
+use jr_seal::Sealer;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -256,7 +256,7 @@ impl World {
             bus: self.bus.clone(),
             forges,
             router: self.router(),
-            sealer: Arc::new(sealer),
+            sink: jr_intake::sink::AssignmentSink::new(self.bus.clone(), Arc::new(sealer)),
             forge_instance: self.forge_instance(),
             max_duration: self
                 .config
@@ -273,7 +273,7 @@ impl World {
             leases: Default::default(),
             stats: Default::default(),
             presence: Default::default(),
-            intakes: Arc::new(jr_scheduler::intakes::IntakeBoard::new(
+            intakes: Arc::new(jr_intake::board::IntakeBoard::new(
                 "gitea", "shared", "test", None,
             )),
         })
@@ -590,7 +590,7 @@ pub fn sealed_assignment(
             fetched_at: 1_000,
             sealed_task: sealer
                 .seal(
-                    jr_scheduler::seal::SealScope::new(id, &pod, task_id),
+                    jr_seal::SealScope::new(id, &pod, task_id),
                     &task.encode_to_vec(),
                 )
                 .expect("seal"),

@@ -13,8 +13,7 @@ use super::auth::{AuthFailure, Authenticated, Caller, ClientIdentity, Need};
 use super::rpc::{RpcError, auth_error, not_visible_yet};
 use super::stats::bump;
 use super::{Facade, Ledger};
-use crate::github::GitHubTask;
-use crate::seal::SealScope;
+use jr_seal::SealScope;
 
 /// `POST` with the executor's credentials (as for the RunnerService); answers
 /// `{"runner_name": …, "jit_config": …}`.
@@ -55,7 +54,9 @@ pub(crate) async fn runner_config<L: Ledger>(
         SealScope::new(view.id, &view.backend, view.forge_task_id),
         &view.sealed_task,
     );
-    let task = match opened.map(|plain| serde_json::from_slice::<GitHubTask>(&plain)) {
+    let task = match opened
+        .map(|plain| serde_json::from_slice::<jr_protocol::RunnerRegistration>(&plain))
+    {
         Ok(Ok(task)) => task,
         Ok(Err(_)) => {
             return RpcError::new(Code::NotFound, "not a GitHub assignment").into_response();

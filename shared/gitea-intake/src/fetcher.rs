@@ -4,34 +4,31 @@
 //! backlog beyond that stays at the forge, where no reaper fails waiting jobs. Every task is
 //! published durably before the next fetch.
 
-use jr_protocol::now_ms;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use jr_bus::Bus;
 use jr_bus::lease::Leadership;
+use jr_bus::{Backoff, Bus};
 use jr_config::ForgeFlavor;
 use jr_forge::proto::runner::v1::{FetchTaskRequest, Task};
-use jr_protocol::{
-    Assignment, AssignmentId, BackendName, Envelope, Message, STREAM_ASSIGNMENTS, subject,
-};
+use jr_intake::sink::{AssignmentSink, Draft};
+use jr_protocol::{AssignmentId, BackendName, Envelope, ForgeKind, STREAM_ASSIGNMENTS};
 use prost::Message as _;
 use rand::Rng;
 use sha2::Digest as _;
 use tokio_util::sync::CancellationToken;
 
 use crate::declaration::Declarer;
-use crate::forge_report::report_failure;
 use crate::forges::{Forges, Registration};
-use crate::intakes::IntakeBoard;
-use crate::pacing::TasksVersion;
-use crate::presence::WorkerPresence;
 use crate::request_key::RequestKeys;
-use crate::routing::{Placed, Router, forge_context, job_facts};
-use crate::seal::{SealScope, Sealer};
+use crate::tasks_version::TasksVersion;
 use crate::unclaimed::Unclaimed;
+use jr_forge::report::report_failure;
+use jr_intake::board::IntakeBoard;
+use jr_intake::presence::WorkerPresence;
+use jr_intake::routing::{Placed, Router, forge_context, job_facts};
 
 /// How often a registration with no room looks again.
 const ROOM_RECHECK: Duration = Duration::from_millis(50);
@@ -46,7 +43,8 @@ pub struct Dispatcher {
     pub bus: Bus,
     pub forges: Forges,
     pub router: Router,
-    pub sealer: Arc<Sealer>,
+    /// Builds, seals and publishes the assignments.
+    pub sink: AssignmentSink,
     /// Forge instance URL, part of every assignment id.
     pub forge_instance: String,
     pub max_duration: BTreeMap<BackendName, Duration>,
@@ -138,43 +136,30 @@ impl Dispatcher {
         labels: Vec<String>,
         job_name: String,
         placement: String,
-    ) -> Result<Envelope, crate::seal::SealError> {
-        let id = AssignmentId::for_task(&self.forge_instance, task.id);
+    ) -> Result<Envelope, jr_seal::SealError> {
         let plaintext = task.encode_to_vec();
-        let sealed_task = self
-            .sealer
-            .seal(SealScope::new(id, backend, task.id), &plaintext)?;
         // Publishing the same fetched task again is deduplicated; the same task handed out
         // again by the forge (Forgejo's request-key replay, with a new task token) is a new
         // message that replaces the earlier copy.
         let digest = hex::encode(&sha2::Sha256::digest(&plaintext)[..6]);
-        let max = self
-            .max_duration
-            .get(backend)
-            .copied()
-            .unwrap_or(Duration::from_secs(3 * 3600));
-        let fetched_at = now_ms();
-        let assignment = Assignment {
-            forge_instance: self.forge_instance.clone(),
+        self.sink.build(Draft {
+            id: AssignmentId::for_task(&self.forge_instance, task.id),
+            forge: ForgeKind::Gitea(self.forge_instance.clone()),
             forge_task_id: task.id,
             backend: backend.clone(),
-            provider: None,
-            placement: Some(placement),
+            placement,
             labels,
             repository: context_string(task, "repository"),
             workflow: Some(context_string(task, "workflow")).filter(|w| !w.is_empty()),
             job_name,
-            max_duration_secs: max.as_secs(),
-            fetched_at,
-            sealed_task,
-        };
-        Ok(Envelope::new(
-            format!("assignment:{id}:1:{digest}"),
-            fetched_at,
-            id,
-            1,
-            Message::Assignment(assignment),
-        ))
+            max_duration: self
+                .max_duration
+                .get(backend)
+                .copied()
+                .unwrap_or(Duration::from_secs(3 * 3600)),
+            plaintext,
+            dedup: digest,
+        })
     }
 
     /// Routes, seals and publishes one task; returns once it is durable in JetStream (or was
@@ -219,7 +204,6 @@ impl Dispatcher {
                             .await;
                     }
                 };
-                let subject = subject::assignment(&backend, envelope.assignment_id);
                 // The root of the job's trace: the assignment carries it to the worker, the
                 // facade and the reconciler.
                 let job = tracing::info_span!(
@@ -230,7 +214,7 @@ impl Dispatcher {
                     %backend,
                 );
                 match tracing::Instrument::instrument(
-                    self.publish_assignment(forge, task.id, &subject, &envelope, shutdown),
+                    self.publish_assignment(forge, task.id, &backend, &envelope, shutdown),
                     job,
                 )
                 .await
@@ -287,18 +271,18 @@ impl Dispatcher {
         &self,
         forge: &jr_forge::ForgeClient,
         task_id: i64,
-        subject: &str,
+        backend: &BackendName,
         envelope: &Envelope,
         shutdown: &CancellationToken,
     ) -> Result<Option<jr_bus::PublishOutcome>, jr_bus::BusError> {
-        let mut backoff = jr_bus::Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
         let mut full_since: Option<Instant> = None;
         let mut next_keepalive = Instant::now() + self.unclaimed.interval();
         let result = loop {
             if shutdown.is_cancelled() {
                 break Err(jr_bus::BusError::ShutDown);
             }
-            let error = match self.bus.publish(subject, envelope).await {
+            let error = match self.sink.publish(backend, envelope).await {
                 Ok(outcome) => break Ok(Some(outcome)),
                 Err(e) if !e.is_transient() => break Err(e),
                 Err(e) => e,
@@ -320,7 +304,7 @@ impl Dispatcher {
                 }
                 if Instant::now() >= next_keepalive {
                     next_keepalive = Instant::now() + self.unclaimed.interval();
-                    match crate::forge_report::keepalive(forge, task_id).await {
+                    match jr_forge::report::keepalive(forge, task_id).await {
                         Ok(Some(result)) => {
                             tracing::info!(
                                 task = task_id,
@@ -365,7 +349,7 @@ impl Dispatcher {
         shutdown: &CancellationToken,
     ) {
         let lines = [reason.to_owned()];
-        let mut delay = Duration::from_millis(200);
+        let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
         loop {
             match report_failure(forge, task_id, &lines).await {
                 Ok(_) => return,
@@ -377,11 +361,9 @@ impl Dispatcher {
                     return;
                 }
             }
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = tokio::time::sleep(delay) => {}
+            if !backoff.pause(shutdown).await {
+                return;
             }
-            delay = (delay * 2).min(Duration::from_secs(10));
         }
     }
 }
@@ -441,7 +423,8 @@ pub(crate) async fn fetch_loop(
     let abort_after_fetch = abort_probability();
     let mut keys: Option<RequestKeys> = None;
     let mut version = TasksVersion::new(pacing.version_reset_interval);
-    let mut error_delay = pacing.poll_interval;
+    // Failed fetches back off from the poll interval up to `max_backoff`.
+    let mut errors = Backoff::new(pacing.poll_interval, pacing.max_backoff);
     let mut wait = Duration::ZERO;
     // Room read from the bus and not yet used by this loop's own dispatches. Room only grows
     // between reads (workers take waiting assignments) except through this loop's dispatches
@@ -586,7 +569,7 @@ pub(crate) async fn fetch_loop(
         d.stats.in_flight.fetch_sub(1, Ordering::AcqRel);
         match reply {
             Ok(reply) => {
-                error_delay = pacing.poll_interval;
+                errors.reset();
                 let tasks: Vec<Task> = reply
                     .task
                     .into_iter()
@@ -632,8 +615,7 @@ pub(crate) async fn fetch_loop(
                 budget = 0;
                 d.stats.fetch_errors.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(registration = %registration.name, error = %e, "fetch failed");
-                wait = jittered(error_delay);
-                error_delay = (error_delay * 2).min(pacing.max_backoff);
+                wait = errors.next_delay();
             }
         }
     }

@@ -45,17 +45,6 @@ pub(crate) enum FollowUp {
     ExecutorFinished,
 }
 
-/// Maps a forge `Result` to a final task result (`None` while running or for unknown values).
-pub(crate) fn final_result(result: i32) -> Option<TaskResult> {
-    match ForgeResult::try_from(result).ok()? {
-        ForgeResult::Unspecified => None,
-        ForgeResult::Success => Some(TaskResult::Success),
-        ForgeResult::Failure => Some(TaskResult::Failure),
-        ForgeResult::Cancelled => Some(TaskResult::Cancelled),
-        ForgeResult::Skipped => Some(TaskResult::Skipped),
-    }
-}
-
 impl Progress {
     /// Final and its end reported: nothing about the task can change any more.
     pub fn is_done(&self) -> bool {
@@ -107,7 +96,7 @@ impl Progress {
         if requested == ForgeResult::Unspecified as i32 || self.terminal {
             return FollowUp::Nothing;
         }
-        match final_result(replied) {
+        match jr_forge::report::final_result(replied) {
             Some(result) => FollowUp::Terminal {
                 result,
                 log_closed: self.log_closed,

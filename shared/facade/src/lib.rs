@@ -8,12 +8,16 @@
 //!
 //! - [`Facade`] holds the state; [`router`] is its HTTP surface; [`serve`] runs it over TLS.
 //! - [`Ledger`] is the IO boundary to JetStream; [`MemoryLedger`] is the in-memory stand-in.
+//! - [`ForgeDirectory`] is how it reaches the forge: implemented by the Gitea/Forgejo intake,
+//!   so the facade depends on no intake. A runner-bound forge (GitHub) needs none: its
+//!   executors fetch their sealed runner registration from the facade and talk to the forge
+//!   themselves.
 
 mod auth;
 mod github;
 mod ledger;
 mod limits;
-pub(crate) mod progress;
+mod progress;
 mod proxy;
 mod rpc;
 mod server;
@@ -22,9 +26,9 @@ mod stats;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use jr_protocol::AssignmentId;
+use jr_protocol::{AssignmentId, BackendName};
 
-use crate::seal::Sealer;
+use jr_seal::Sealer;
 
 pub use auth::{ClientIdentity, SpiffeId};
 pub use ledger::{AssignmentView, Ledger, LedgerError, MemoryLedger, MemoryRecord};
@@ -76,7 +80,7 @@ pub struct FacadeSettings {
     pub trust_domain: Option<String>,
     /// Forge clients with the scheduler's real runner credentials, per backend (a task belongs
     /// to the runner that fetched it).
-    pub forges: crate::forges::Forges,
+    pub forges: Arc<dyn ForgeDirectory>,
     /// Forge instance root URL; proxied artifact/cache paths are appended to it.
     pub forge_base_url: String,
     /// Opens the sealed task of an assignment.
@@ -85,13 +89,32 @@ pub struct FacadeSettings {
     /// attempt). With the keys the facade checks tokens itself and ignores the hash on the bus,
     /// and refuses ids that name no stored assignment. Either every enabled backend has its key
     /// here or none does (then the facade falls back to the hash the worker published).
-    pub token_keys: std::collections::BTreeMap<jr_protocol::BackendName, jr_worker::TokenKey>,
+    pub token_keys: std::collections::BTreeMap<jr_protocol::BackendName, jr_seal::TokenKey>,
     /// Body size and time, connections, calls per assignment.
     pub limits: FacadeLimits,
     /// The SPIFFE id path executors must present, `{assignment}` standing for the id.
     pub spiffe_path: String,
     /// Allow [`serve`] without TLS (development only).
     pub insecure_plain_http: bool,
+}
+
+/// Where the facade forwards an executor's reports: the registration that fetched the
+/// assignment's task (job-bound forges: Gitea, Forgejo). The Gitea/Forgejo intake implements
+/// it; the facade depends on no intake.
+pub trait ForgeDirectory: Send + Sync + std::fmt::Debug + 'static {
+    /// The client of the registration that fetches `backend`'s tasks.
+    fn client(&self, backend: &BackendName) -> Result<jr_forge::ForgeClient, ForgeUnavailable>;
+    /// The forge's capabilities (relayed on Declare replies), once the registration knows them.
+    fn capabilities(&self, backend: &BackendName) -> Option<String>;
+}
+
+/// Why [`ForgeDirectory::client`] has no client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ForgeUnavailable {
+    /// The registration exists but is not established yet (the executor retries).
+    NotEstablished,
+    /// No registration serves this backend.
+    NotServed,
 }
 
 /// Why the facade could not start or serve.

@@ -18,9 +18,9 @@ use tokio_util::sync::CancellationToken;
 use crate::declaration::{Condition, Declarer};
 use crate::fetcher::{Dispatcher, FetchError, Pacing, fetch_loop};
 use crate::forges::{Planned, Registration};
-use crate::intakes::Observation;
-use crate::pacing::BackendRoom;
 use crate::registration::{RegistrationError, SharedCredentials};
+use jr_intake::board::Observation;
+use jr_intake::pacing::BackendRoom;
 
 /// The longest wait between two tries to establish a registration: one Ping (or Declare) per
 /// registration this often is nothing for a forge, and a forge that is back is used soon.
@@ -118,16 +118,19 @@ impl Dispatcher {
     pub async fn readings(
         &self,
         registration: &Registration,
-    ) -> Vec<(BackendName, crate::presence::Reading)> {
+    ) -> Vec<(BackendName, jr_intake::presence::Reading)> {
         let mut out = Vec::with_capacity(registration.backends.len());
         for backend in &registration.backends {
-            let waiting = crate::presence::waiting(&self.bus, backend).await;
+            let waiting = jr_intake::presence::waiting(&self.bus, backend).await;
             let worker = self.presence.worker(&self.bus, backend).await;
             let room = BackendRoom {
                 lookahead: self.lookahead.get(backend).copied().unwrap_or(2),
                 waiting,
             };
-            out.push((backend.clone(), crate::presence::Reading { room, worker }));
+            out.push((
+                backend.clone(),
+                jr_intake::presence::Reading { room, worker },
+            ));
         }
         out
     }

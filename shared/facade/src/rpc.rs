@@ -273,7 +273,7 @@ async fn runner_service<L: Ledger>(
                 {
                     response
                         .headers_mut()
-                        .insert(crate::registration::CAPABILITIES_HEADER, value);
+                        .insert(jr_forge::wire::HEADER_CAPABILITIES, value);
                 }
                 response
             }
@@ -378,7 +378,7 @@ impl<L: Ledger> Facade<L> {
         // The forge may have ended the task while it waited (a user cancelled the run, a
         // reaper failed it): ask before handing it out, and withdraw it instead of starting a
         // job nobody wants. This heartbeat also keeps the task alive until the executor's own.
-        match crate::forge_report::keepalive(&self.forge_of(&view)?, view.forge_task_id).await {
+        match jr_forge::report::keepalive(&self.forge_of(&view)?, view.forge_task_id).await {
             Ok(None) => {}
             Ok(Some(result)) => {
                 let terminal = Terminal {
@@ -440,7 +440,7 @@ impl<L: Ledger> Facade<L> {
             .settings
             .sealer
             .open(
-                crate::seal::SealScope::new(view.id, &view.backend, view.forge_task_id),
+                jr_seal::SealScope::new(view.id, &view.backend, view.forge_task_id),
                 &view.sealed_task,
             )
             .map_err(|err| {
@@ -504,11 +504,12 @@ impl<L: Ledger> Facade<L> {
 
     /// The client of the runner that fetched this assignment's task.
     fn forge_of(&self, view: &AssignmentView) -> Result<jr_forge::ForgeClient, RpcError> {
-        self.settings.forges.client(&view.backend).ok_or_else(|| {
-            if self.settings.forges.serves(&view.backend) {
+        self.settings.forges.client(&view.backend).map_err(|why| match why {
+            super::ForgeUnavailable::NotEstablished => {
                 tracing::warn!(assignment = %view.id, backend = %view.backend, "this backend's forge registration is not established here yet; the executor retries");
                 RpcError::new(Code::Unavailable, "the forge registration is not established yet; retry")
-            } else {
+            }
+            super::ForgeUnavailable::NotServed => {
                 tracing::error!(assignment = %view.id, backend = %view.backend, "no forge registration for this backend");
                 RpcError::new(Code::Unavailable, "no forge registration for this backend")
             }

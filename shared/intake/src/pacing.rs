@@ -1,48 +1,34 @@
-//! Pure fetch-pacing decisions: the `tasks_version` a fetch sends, and how many tasks a
-//! registration may take from the forge now.
+//! Pure pacing decisions every intake shares: whether a backend takes work (a live worker,
+//! and room left in its lookahead), and how many jobs an intake may take for its backends now.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-/// act_runner's `tasks_version` rule for one fetch loop, compared against the version this
-/// loop *sent* (a loop never shares its version with another caller), plus a periodic 0 as a
-/// safety net: a version the forge reported while jobs still waited would otherwise hide them
-/// until the next version bump.
-#[derive(Clone, Debug)]
-pub struct TasksVersion {
-    stored: i64,
-    reset_every: Duration,
-    last_zero: Option<Instant>,
+use jr_bus::intake::Blocked;
+
+/// What pacing reads about one backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Condition {
+    /// Takes work: `room` more jobs may be taken for it (`room` ≤ `lookahead`).
+    Room {
+        room: usize,
+        lookahead: usize,
+    },
+    Blocked(Blocked),
 }
 
-impl TasksVersion {
-    pub fn new(reset_every: Duration) -> Self {
-        Self {
-            stored: 0,
-            reset_every,
-            last_zero: None,
+impl Condition {
+    pub fn room(self) -> usize {
+        match self {
+            Condition::Room { room, .. } => room,
+            Condition::Blocked(_) => 0,
         }
     }
 
-    /// The version to send now.
-    pub fn to_send(&mut self, now: Instant) -> i64 {
-        let due = self
-            .last_zero
-            .is_none_or(|at| now.saturating_duration_since(at) >= self.reset_every);
-        if self.stored == 0 || due {
-            self.last_zero = Some(now);
-            return 0;
-        }
-        self.stored
-    }
-
-    /// Records the reply to a fetch that sent `sent`.
-    pub fn after_reply(&mut self, sent: i64, replied: i64, got_tasks: bool) {
-        if replied > sent {
-            self.stored = replied;
-        }
-        if got_tasks {
-            // More jobs may be queued: the next fetch must try an assignment.
-            self.stored = 0;
+    pub fn blocked(self) -> Option<Blocked> {
+        match self {
+            Condition::Room { room: 0, .. } => Some(Blocked::Full),
+            Condition::Room { .. } => None,
+            Condition::Blocked(b) => Some(b),
         }
     }
 }
@@ -86,9 +72,7 @@ pub fn worker_lives(slots: &jr_lease::Slots, now_ms: u64) -> bool {
 
 impl BackendRoom {
     /// The backend as a registration's pacing sees it.
-    pub fn condition(&self, worker: Worker) -> crate::declaration::Condition {
-        use crate::declaration::Condition;
-        use jr_bus::intake::Blocked;
+    pub fn condition(&self, worker: Worker) -> Condition {
         match (worker, self.waiting) {
             (Worker::Gone, _) => Condition::Blocked(Blocked::NoWorker),
             (Worker::Unknown, _) | (Worker::Live, None) => Condition::Blocked(Blocked::Unreachable),
@@ -129,45 +113,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn version_follows_the_reply_only_when_it_is_newer_than_what_was_sent() {
-        let t0 = Instant::now();
-        let mut v = TasksVersion::new(Duration::from_secs(30));
-        assert_eq!(v.to_send(t0), 0);
-        v.after_reply(0, 5, false);
-        assert_eq!(v.to_send(t0 + Duration::from_secs(1)), 5);
-        // An older reply (another registration's view, a restarted forge) does not move it.
-        v.after_reply(5, 3, false);
-        assert_eq!(v.to_send(t0 + Duration::from_secs(2)), 5);
-        v.after_reply(5, 7, false);
-        assert_eq!(v.to_send(t0 + Duration::from_secs(3)), 7);
-    }
-
-    #[test]
-    fn a_received_task_forces_the_next_fetch_to_look_for_more() {
-        let t0 = Instant::now();
-        let mut v = TasksVersion::new(Duration::from_secs(30));
-        let _ = v.to_send(t0);
-        v.after_reply(0, 4, false);
-        assert_eq!(v.to_send(t0 + Duration::from_secs(1)), 4);
-        v.after_reply(4, 4, true);
-        assert_eq!(v.to_send(t0 + Duration::from_secs(2)), 0);
-    }
-
-    #[test]
-    fn version_zero_is_sent_periodically_even_when_the_forge_reports_no_change() {
-        let t0 = Instant::now();
-        let mut v = TasksVersion::new(Duration::from_secs(30));
-        assert_eq!(v.to_send(t0), 0);
-        v.after_reply(0, 9, false);
-        for s in 1..30 {
-            assert_eq!(v.to_send(t0 + Duration::from_secs(s)), 9, "second {s}");
-        }
-        assert_eq!(v.to_send(t0 + Duration::from_secs(30)), 0);
-        v.after_reply(0, 9, false);
-        assert_eq!(v.to_send(t0 + Duration::from_secs(31)), 9);
-    }
-
-    #[test]
     fn a_worker_lives_while_a_holding_is_renewed_within_its_lifetime_and_the_grace() {
         use jr_lease::{Holding, Slots};
         let holding = |renewed_at| Holding {
@@ -194,8 +139,6 @@ mod tests {
 
     #[test]
     fn a_backend_takes_work_only_with_a_live_worker_and_room() {
-        use crate::declaration::Condition;
-        use jr_bus::intake::Blocked;
         let b = |waiting| BackendRoom {
             lookahead: 2,
             waiting,

@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use crate::registration::{
     RegistrationError, RunnerIdentity, SharedCredentials, establish_declared,
 };
-use crate::routing::Router;
+use jr_intake::routing::Router;
 
 /// One forge registration and the backends it fetches for.
 #[derive(Clone, Debug)]
@@ -231,5 +231,19 @@ impl Forges {
             forges.insert(registration);
         }
         Ok(forges)
+    }
+}
+
+impl jr_facade::ForgeDirectory for Forges {
+    fn client(&self, backend: &BackendName) -> Result<ForgeClient, jr_facade::ForgeUnavailable> {
+        Forges::client(self, backend).ok_or(if self.serves(backend) {
+            jr_facade::ForgeUnavailable::NotEstablished
+        } else {
+            jr_facade::ForgeUnavailable::NotServed
+        })
+    }
+
+    fn capabilities(&self, backend: &BackendName) -> Option<String> {
+        Forges::capabilities(self, backend)
     }
 }

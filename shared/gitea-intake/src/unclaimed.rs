@@ -17,12 +17,12 @@ use jr_bus::async_nats::jetstream::consumer::{DeliverPolicy, pull::OrderedConfig
 use jr_bus::{Bus, PublishOnce};
 use jr_protocol::{
     AssignmentId, BackendName, Envelope, Kind, Message, STREAM_ASSIGNMENTS, STREAM_EVENTS,
-    TaskResult, Terminal, TerminalSource, now_ms, subject,
+    TaskResult, Terminal, TerminalSource, subject,
 };
 use tokio_util::sync::CancellationToken;
 
-use crate::forge_report::keepalive;
 use crate::forges::Forges;
+use jr_forge::report::keepalive;
 
 /// Retry delay for a heartbeat the forge did not answer.
 const RETRY_FAILED_KEEPALIVE: Duration = Duration::from_secs(10);
@@ -210,25 +210,21 @@ pub async fn withdraw(
     waiting: &Waiting,
     result: TaskResult,
 ) -> Result<bool, jr_bus::BusError> {
-    let envelope = Envelope::new(
-        format!("terminal:{id}:withdrawn"),
-        now_ms(),
+    let outcome = jr_intake::ours::publish_terminal(
+        bus,
+        &waiting.backend,
         id,
         waiting.attempt,
-        Message::Terminal(Terminal {
+        "withdrawn",
+        Terminal {
             forge_task_id: waiting.forge_task_id,
             result,
             source: TerminalSource::Withdrawn,
             log_closed: true,
             reason: Some("the forge ended the task before an executor claimed it".to_owned()),
-        }),
-    );
-    let outcome = bus
-        .publish_once(
-            &subject::event(&waiting.backend, id, Kind::Terminal),
-            &envelope,
-        )
-        .await?;
+        },
+    )
+    .await?;
     Ok(matches!(
         outcome,
         PublishOnce::Published { .. } | PublishOnce::Duplicate { .. }

@@ -1,6 +1,6 @@
 //! One `[[github]]` entry at run time: a scale set listener run by the replica that holds the
 //! entry's lease (`lease.github.<name>` in `JR_SCHEDULER`), with the JetStream ledger of
-//! [`crate::github`] and a room read from the backend's worker consumer, as the Gitea fetchers
+//! [`crate::ledger`] and a room read from the backend's worker consumer, as the Gitea fetchers
 //! read theirs.
 //!
 //! A replica that loses the lease stops its listener and keeps the message session, so the new
@@ -20,9 +20,10 @@ use jr_placement::TrustLevel;
 use jr_protocol::BackendName;
 use tokio_util::sync::CancellationToken;
 
-use crate::github::{JetStreamSink, Room};
-use crate::intakes::IntakeBoard;
-use crate::seal::Sealer;
+use jr_intake::board::IntakeBoard;
+use jr_intake::sink::AssignmentSink;
+
+use crate::ledger::{JetStreamSink, Room};
 
 /// The longest wait between two tries to reach the scale set.
 const MAX_DELAY: Duration = Duration::from_secs(30);
@@ -120,7 +121,6 @@ impl GitHubForge {
         })
     }
 
-    /// Runs the entry's listener whenever this replica holds its lease, until `shutdown`.
     /// The intake's name on the board and in `JR_INTAKES`.
     pub fn intake(&self) -> String {
         format!("github.{}", self.entry.name)
@@ -129,7 +129,7 @@ impl GitHubForge {
     /// Reports whether the intake works (the board of `None`: tests).
     fn report(&self, board: Option<&IntakeBoard>, error: Option<String>) {
         if let Some(board) = board {
-            board.report(&self.intake(), Some(("github", "scale-set")), error, true);
+            board.report(&self.intake(), Some(crate::BOARD_KIND), error, true);
         }
     }
 
@@ -143,12 +143,12 @@ impl GitHubForge {
         self,
         bus: Bus,
         kv: kv::Store,
-        sealer: Arc<Sealer>,
+        assignments: AssignmentSink,
         mut leadership: Leadership,
         owner: String,
         board: Option<Arc<IntakeBoard>>,
         shutdown: CancellationToken,
-    ) -> anyhow::Result<()> {
+    ) {
         let name = self.entry.name.clone();
         while leadership.until_acting(&shutdown).await.is_some() {
             tracing::info!(forge = %name, scale_set = %self.entry.scale_set, "leading the GitHub scale set");
@@ -167,7 +167,7 @@ impl GitHubForge {
                 sink: JetStreamSink {
                     bus: bus.clone(),
                     kv: kv.clone(),
-                    sealer: sealer.clone(),
+                    assignments: assignments.clone(),
                     forge: name.clone(),
                     backend: self.backend.clone(),
                     max_duration: self.max_duration,
@@ -203,7 +203,6 @@ impl GitHubForge {
                 }
             }
         }
-        Ok(())
     }
 
     /// The scale set's id: found or made, tried again with back-off while GitHub is
@@ -214,8 +213,9 @@ impl GitHubForge {
         board: Option<&IntakeBoard>,
         shutdown: &CancellationToken,
     ) -> Option<i64> {
-        let mut delay = Duration::from_millis(500);
+        let mut backoff = jr_bus::Backoff::new(Duration::from_millis(500), MAX_DELAY);
         loop {
+            let delay = backoff.next_delay();
             match self
                 .client
                 .ensure_scale_set(
@@ -246,7 +246,6 @@ impl GitHubForge {
                 () = shutdown.cancelled() => return None,
                 () = tokio::time::sleep(delay) => {}
             }
-            delay = (delay * 2).min(MAX_DELAY);
         }
     }
 }

@@ -1,9 +1,10 @@
-//! Reporting a final failure to the forge on jetrunner's own account: a task no backend can run,
-//! or a task whose workload was lost (`fail-task`).
+//! Calls jetrunner makes to the forge on its own account rather than for an executor: a final
+//! failure (a task no backend can run, or one whose workload was lost), and the heartbeat of a
+//! task no executor runs yet. Shared by the facade and the Gitea/Forgejo intake.
 
-use jr_forge::proto::runner::v1::Result as ForgeResult;
-use jr_forge::proto::runner::v1::{LogRow, TaskState, UpdateLogRequest, UpdateTaskRequest};
-use jr_forge::{Code, ForgeClient, ForgeError};
+use crate::proto::runner::v1::Result as ForgeResult;
+use crate::proto::runner::v1::{LogRow, TaskState, UpdateLogRequest, UpdateTaskRequest};
+use crate::{Code, ForgeClient, ForgeError};
 
 fn now_timestamp() -> prost_types::Timestamp {
     let now = std::time::SystemTime::now()
@@ -91,7 +92,18 @@ pub async fn keepalive(
             outputs: Default::default(),
         })
         .await?;
-    Ok(reply
-        .state
-        .and_then(|s| crate::facade::progress::final_result(s.result)))
+    Ok(reply.state.and_then(|s| final_result(s.result)))
+}
+
+/// The final result a forge `result` field names; `None` while it is unspecified (the task is
+/// still running).
+pub fn final_result(result: i32) -> Option<jr_protocol::TaskResult> {
+    use jr_protocol::TaskResult;
+    match ForgeResult::try_from(result).ok()? {
+        ForgeResult::Unspecified => None,
+        ForgeResult::Success => Some(TaskResult::Success),
+        ForgeResult::Failure => Some(TaskResult::Failure),
+        ForgeResult::Cancelled => Some(TaskResult::Cancelled),
+        ForgeResult::Skipped => Some(TaskResult::Skipped),
+    }
 }

@@ -5,11 +5,15 @@
 use std::time::Duration;
 
 use jr_bus::Bus;
+use jr_bus::PublishOnce;
 use jr_forge::proto::runner::v1::Task;
-use jr_protocol::{AssignmentId, Envelope, Message, STREAM_ASSIGNMENTS, Terminal, now_ms};
+use jr_protocol::{
+    AssignmentId, BackendName, Envelope, Kind, Message, STREAM_ASSIGNMENTS, Terminal, now_ms,
+    subject,
+};
 use prost::Message as _;
 
-use crate::seal::Sealer;
+use jr_seal::Sealer;
 
 /// Whether `envelope` (an assignment) carries a task sealed by `sealer` for this assignment,
 /// naming the forge task its clear fields name.
@@ -19,7 +23,7 @@ pub fn sealed_by(sealer: &Sealer, envelope: &Envelope) -> Result<(), String> {
     };
     let plaintext = sealer
         .open(
-            crate::seal::SealScope::of(envelope.assignment_id, assignment),
+            jr_seal::SealScope::of(envelope.assignment_id, assignment),
             &assignment.sealed_task,
         )
         .map_err(|e| e.to_string())?;
@@ -27,7 +31,7 @@ pub fn sealed_by(sealer: &Sealer, envelope: &Envelope) -> Result<(), String> {
     // assignment and its request id already).
     match assignment.forge_kind() {
         jr_protocol::ForgeKind::GitHub(_) => {
-            return serde_json::from_slice::<crate::github::GitHubTask>(&plaintext)
+            return serde_json::from_slice::<jr_protocol::RunnerRegistration>(&plaintext)
                 .map(|_| ())
                 .map_err(|e| format!("the sealed task is not a GitHub runner config: {e}"));
         }
@@ -106,4 +110,22 @@ pub fn terminal(id: AssignmentId, attempt: u32, writer: &str, terminal: Terminal
         attempt,
         Message::Terminal(terminal),
     )
+}
+
+/// Publishes the once-only `terminal` of attempt `attempt` of assignment `id` on `backend`'s
+/// events, written by `writer` (see [`terminal`]): whichever writer is first decides the
+/// assignment's end, every later one learns it lost.
+pub async fn publish_terminal(
+    bus: &Bus,
+    backend: &BackendName,
+    id: AssignmentId,
+    attempt: u32,
+    writer: &str,
+    end: Terminal,
+) -> Result<PublishOnce, jr_bus::BusError> {
+    bus.publish_once(
+        &subject::event(backend, id, Kind::Terminal),
+        &terminal(id, attempt, writer, end),
+    )
+    .await
 }

@@ -1,4 +1,5 @@
 use super::*;
+use jr_bus::intake::Blocked;
 use proptest::prelude::*;
 
 fn name(n: &str) -> BackendName {

@@ -27,10 +27,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use jr_bus::intake::Blocked;
 use jr_protocol::BackendName;
 
-use crate::routing::Router;
+pub use jr_intake::pacing::Condition;
+use jr_intake::routing::Router;
 
 /// Label sets of a closed backend are enumerated up to this many shared labels.
 pub const EXHAUSTIVE_LABELS: usize = 12;
@@ -130,34 +130,6 @@ pub fn reachable(routes: &impl Routes, declared: &[String]) -> BTreeSet<BackendN
         }
     }
     out
-}
-
-/// What pacing reads about one backend.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Condition {
-    /// Takes work: `room` more tasks may be fetched for it (`room` ≤ `lookahead`).
-    Room {
-        room: usize,
-        lookahead: usize,
-    },
-    Blocked(Blocked),
-}
-
-impl Condition {
-    pub fn room(self) -> usize {
-        match self {
-            Condition::Room { room, .. } => room,
-            Condition::Blocked(_) => 0,
-        }
-    }
-
-    pub fn blocked(self) -> Option<Blocked> {
-        match self {
-            Condition::Room { room: 0, .. } => Some(Blocked::Full),
-            Condition::Room { .. } => None,
-            Condition::Blocked(b) => Some(b),
-        }
-    }
 }
 
 /// A Declare the fetch loop should send now.

@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 pub const RUNNER_VERSION: &str = concat!("jetrunner-", env!("CARGO_PKG_VERSION"));
 
 /// The forge's capabilities, on Declare replies (newer Gitea).
-pub const CAPABILITIES_HEADER: &str = "x-gitea-actions-capabilities";
+pub const CAPABILITIES_HEADER: &str = jr_forge::wire::HEADER_CAPABILITIES;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RegistrationError {
@@ -116,7 +116,7 @@ fn write_stored(path: &Path, creds: &Credentials, id: i64) -> Result<(), Registr
 #[derive(Clone)]
 pub struct SharedCredentials {
     pub store: kv::Store,
-    pub sealer: Arc<crate::seal::Sealer>,
+    pub sealer: Arc<jr_seal::Sealer>,
     pub leadership: Leadership,
     pub registration: String,
 }

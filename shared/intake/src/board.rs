@@ -15,7 +15,7 @@ use jr_telemetry::Readiness;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::declaration::Condition;
+use crate::pacing::Condition;
 
 /// The most often the records are written to `JR_INTAKES`.
 const WRITE_EVERY: Duration = Duration::from_secs(1);

@@ -27,7 +27,6 @@
 //!
 
 use std::str::FromStr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use jr_bus::async_nats::jetstream::kv;
@@ -36,22 +35,12 @@ use jr_github::listener::Outcome;
 use jr_github::wire::{JitConfig, JobFacts};
 use jr_github::{Sink, SinkError};
 use jr_protocol::{
-    Assignment, AssignmentId, BackendName, Claimed, Envelope, Kind, Message, TaskResult, Terminal,
+    AssignmentId, BackendName, Claimed, Envelope, Kind, Message, TaskResult, Terminal,
     TerminalSource, subject,
 };
-use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::seal::{SealScope, Sealer};
-
-/// What is sealed into a GitHub assignment: the runner's one-use registration.
-#[derive(Clone, Serialize, Deserialize)]
-pub struct GitHubTask {
-    /// The JIT runner's name (`jr-<assignment>-<attempt>`).
-    pub runner_name: String,
-    /// `encodedJITConfig`: the runner starts with `--jitconfig <this>`.
-    pub jit_config: String,
-}
+use jr_intake::sink::{AssignmentSink, Draft};
 
 /// The forge's room: how many more jobs its backend can start soon.
 #[derive(Clone, Debug)]
@@ -66,7 +55,8 @@ pub enum Room {
 pub struct JetStreamSink {
     pub bus: Bus,
     pub kv: kv::Store,
-    pub sealer: Arc<Sealer>,
+    /// Builds, seals and publishes the assignments (shared with every other intake).
+    pub assignments: AssignmentSink,
     /// The forge's name (`[[github]] name`): part of assignment ids and keys.
     pub forge: String,
     pub backend: BackendName,
@@ -76,12 +66,6 @@ pub struct JetStreamSink {
 
 fn sink_error(what: &str, e: impl std::fmt::Display) -> SinkError {
     SinkError(format!("{what}: {e}"))
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// The jetrunner id of a listener's assignment (32 hex digits).
@@ -163,7 +147,9 @@ impl JetStreamSink {
             tracing::info!(%assignment, job = %job.key(), "a runner this forge did not publish ended; ignored");
             return Ok(());
         };
-        let envelope = crate::ours::terminal(
+        let outcome = jr_intake::ours::publish_terminal(
+            &self.bus,
+            &self.backend,
             id,
             attempt,
             "github",
@@ -174,8 +160,9 @@ impl JetStreamSink {
                 log_closed: true,
                 reason,
             },
-        );
-        self.once(id, Kind::Terminal, envelope).await
+        )
+        .await;
+        settled(id, Kind::Terminal, outcome)
     }
 
     async fn once(
@@ -184,18 +171,27 @@ impl JetStreamSink {
         kind: Kind,
         envelope: Envelope,
     ) -> Result<(), SinkError> {
-        match self
+        let outcome = self
             .bus
             .publish_once(&subject::event(&self.backend, id, kind), &envelope)
-            .await
-        {
-            Ok(PublishOnce::Published { .. } | PublishOnce::Duplicate { .. }) => Ok(()),
-            Ok(PublishOnce::AlreadyExists { .. }) => {
-                tracing::debug!(assignment = %id, ?kind, "already recorded");
-                Ok(())
-            }
-            Err(e) => Err(sink_error("publish", e)),
+            .await;
+        settled(id, kind, outcome)
+    }
+}
+
+/// A once-only event published (or already there, by this writer or another).
+fn settled(
+    id: AssignmentId,
+    kind: Kind,
+    outcome: Result<PublishOnce, jr_bus::BusError>,
+) -> Result<(), SinkError> {
+    match outcome {
+        Ok(PublishOnce::Published { .. } | PublishOnce::Duplicate { .. }) => Ok(()),
+        Ok(PublishOnce::AlreadyExists { .. }) => {
+            tracing::debug!(assignment = %id, ?kind, "already recorded");
+            Ok(())
         }
+        Err(e) => Err(sink_error("publish", e)),
     }
 }
 
@@ -203,24 +199,7 @@ impl Sink for JetStreamSink {
     async fn room(&self) -> usize {
         match &self.room {
             Room::Fixed(n) => *n,
-            Room::Backend { lookahead } => {
-                let durable = jr_bus::ConsumerSpec::worker_assignments(&self.backend).durable;
-                let waiting = match self
-                    .bus
-                    .consumer_info(jr_protocol::STREAM_ASSIGNMENTS, &durable)
-                    .await
-                {
-                    Ok(counts) => Some(counts.num_pending),
-                    Err(error) => {
-                        tracing::debug!(backend = %self.backend, %error, "worker consumer not readable; no room");
-                        None
-                    }
-                };
-                crate::pacing::room(&[crate::pacing::BackendRoom {
-                    lookahead: *lookahead,
-                    waiting,
-                }])
-            }
+            Room::Backend { lookahead } => self.assignments.room(&self.backend, *lookahead).await,
         }
     }
 
@@ -245,47 +224,39 @@ impl Sink for JetStreamSink {
         jit: &JitConfig,
     ) -> Result<(), SinkError> {
         let id = assignment_id(assignment)?;
-        let task = GitHubTask {
+        let task = jr_protocol::RunnerRegistration {
             runner_name: jit.runner.name.clone(),
             jit_config: jit.encoded.clone(),
         };
         let plaintext = serde_json::to_vec(&task).map_err(|e| sink_error("encode", e))?;
-        let sealed_task = self
-            .sealer
-            .seal(SealScope::new(id, &self.backend, job.task_id()), &plaintext)
+        let workflow = job
+            .job_workflow_ref
+            .split_once("/.github/workflows/")
+            .map(|(_, file)| file.split('@').next().unwrap_or(file).to_owned());
+        let envelope = self
+            .assignments
+            .build(Draft {
+                id,
+                forge: jr_protocol::ForgeKind::GitHub(self.forge.clone()),
+                forge_task_id: job.task_id(),
+                backend: self.backend.clone(),
+                placement: format!("github scale set of backend {}", self.backend),
+                labels: job.request_labels.clone(),
+                repository: format!("{}/{}", job.owner_name, job.repository_name),
+                workflow,
+                job_name: job.job_display_name.clone(),
+                max_duration: self.max_duration,
+                plaintext,
+                dedup: "github".to_owned(),
+            })
             .map_err(|e| sink_error("seal", e))?;
         // The index first: a completion that arrives before the assignment finds its id.
         self.kv
             .put(self.job_key(job), assignment.as_bytes().to_vec().into())
             .await
             .map_err(|e| sink_error("job index", e))?;
-        let workflow = job
-            .job_workflow_ref
-            .split_once("/.github/workflows/")
-            .map(|(_, file)| file.split('@').next().unwrap_or(file).to_owned());
-        let fetched_at = now_ms();
-        let envelope = Envelope::new(
-            format!("assignment:{id}:1:github"),
-            fetched_at,
-            id,
-            1,
-            Message::Assignment(Assignment {
-                forge_instance: jr_protocol::ForgeKind::GitHub(self.forge.clone()).instance(),
-                forge_task_id: job.task_id(),
-                backend: self.backend.clone(),
-                provider: None,
-                placement: Some(format!("github scale set of backend {}", self.backend)),
-                labels: job.request_labels.clone(),
-                repository: format!("{}/{}", job.owner_name, job.repository_name),
-                workflow,
-                job_name: job.job_display_name.clone(),
-                max_duration_secs: self.max_duration.as_secs(),
-                fetched_at,
-                sealed_task,
-            }),
-        );
-        self.bus
-            .publish(&subject::assignment(&self.backend, id), &envelope)
+        self.assignments
+            .publish(&self.backend, &envelope)
             .await
             .map(|_| ())
             .map_err(|e| sink_error("publish assignment", e))
@@ -305,7 +276,7 @@ impl Sink for JetStreamSink {
         };
         let envelope = Envelope::new(
             format!("claimed:{id}:{attempt}:github"),
-            now_ms(),
+            jr_protocol::now_ms(),
             id,
             attempt,
             Message::Claimed(Claimed {
