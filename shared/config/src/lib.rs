@@ -2,6 +2,7 @@
 //! `JETRUNNER__<SECTION>__<KEY>` override keys (levels separated by `__`). Unknown keys are
 //! refused with an error naming the key; cross-key rules are checked by [`Config::validate`].
 
+mod forges;
 mod model;
 mod secret;
 mod validate;
@@ -76,15 +77,19 @@ pub fn load_str(
         message: e.to_string(),
     })?;
     apply_env(&mut table, env)?;
-    let config: Config =
+    let origins = forges::normalize(&mut table)?;
+    let mut config: Config =
         serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
             let key = e.path().to_string();
-            ConfigError::key(
+            origins.respell(ConfigError::key(
                 if key == "." { "<root>".to_owned() } else { key },
                 e.inner().to_string(),
-            )
+            ))
         })?;
-    config.validate()?;
+    for (entry, origin) in config.github.iter_mut().zip(&origins.github) {
+        entry.origin.clone_from(origin);
+    }
+    config.validate().map_err(|e| origins.respell(e))?;
     Ok(config)
 }
 

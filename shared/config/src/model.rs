@@ -15,11 +15,13 @@ pub struct Config {
     pub nats: NatsConfig,
     #[serde(default)]
     pub database: DatabaseConfig,
-    /// `[forge]`: the Gitea or Forgejo forge. Optional when `[[github]]` entries are given: a
-    /// deployment may serve GitHub alone (then `url` is empty; see [`Config::gitea`]).
+    /// The Gitea or Forgejo forge: the `[[forge]]` entry of kind `gitea`/`forgejo`, or the
+    /// older `[forge]` table. Optional when GitHub entries are given: a deployment may serve
+    /// GitHub alone (then `url` is empty; see [`Config::gitea`]).
     #[serde(default)]
     pub forge: ForgeConfig,
-    /// `[[github]]`: GitHub Actions runner scale sets served next to `[forge]`.
+    /// GitHub Actions runner scale sets: the `[[forge]]` entries of kind `github`, and the
+    /// older `[[github]]` entries.
     #[serde(default)]
     pub github: Vec<GitHubConfig>,
     pub facade: FacadeConfig,
@@ -326,6 +328,21 @@ pub struct GitHubConfig {
     /// The runner's work folder, relative to its installation.
     #[serde(default = "default_work_folder")]
     pub work_folder: String,
+    /// Where the entry is written in the file (`github[0]`, or `forge[2]` for a `[[forge]]`
+    /// entry of kind `github`), for errors that name its keys.
+    #[serde(skip)]
+    pub origin: String,
+}
+
+impl GitHubConfig {
+    /// Key `key` of this entry as the file spells it (`github[0].pat`, `forge[2].pat`).
+    pub fn key(&self, key: &str) -> String {
+        if self.origin.is_empty() {
+            format!("github.{key}")
+        } else {
+            format!("{}.{key}", self.origin)
+        }
+    }
 }
 
 fn default_scale_set() -> String {

@@ -555,3 +555,145 @@ fn a_deployment_serves_github_alone_without_a_forge_table_but_not_no_forge_at_al
     let bad = MINIMAL.replace("http://127.0.0.1:3000", "127.0.0.1:3000");
     assert!(load_env(&bad, &[]).is_err());
 }
+
+/// [`MINIMAL`] without its `[forge]` table.
+fn without_forge_table() -> String {
+    let text = MINIMAL.replace(
+        "[forge]\nurl = \"http://127.0.0.1:3000\"\nregistration_token = \"abc\"\n",
+        "",
+    );
+    assert_ne!(text, MINIMAL);
+    text
+}
+
+const FORGE_ENTRIES: &str = r#"
+[[forge]]
+kind = "github"
+name = "acme"
+url = "https://github.com/acme"
+backend = "vm"
+pat = "ghp_x"
+
+[[forge]]
+kind = "forgejo"
+url = "http://127.0.0.1:3000"
+registration_token = "abc"
+task_capacity = 4
+
+[[forge]]
+kind = "github"
+name = "beta"
+url = "https://github.com/beta"
+backend = "pod"
+pat = "ghp_y"
+"#;
+
+#[test]
+fn forge_entries_of_every_kind_load_side_by_side() {
+    let c = load_env(&format!("{}{FORGE_ENTRIES}", without_forge_table()), &[])
+        .expect("[[forge]] entries are valid");
+    let gitea = c.gitea().expect("the forgejo entry");
+    assert_eq!(gitea.url, "http://127.0.0.1:3000");
+    assert_eq!(gitea.flavor, ForgeFlavor::Forgejo);
+    assert_eq!(gitea.task_capacity, 4);
+    let names: Vec<_> = c.github.iter().map(|g| g.name.as_str()).collect();
+    assert_eq!(names, ["acme", "beta"]);
+    assert_eq!(c.github[1].key("pat"), "forge[2].pat");
+    assert_eq!(
+        c.intake_names(),
+        ["pod", "vm", "github.acme", "github.beta"].map(String::from)
+    );
+    // GitHub alone, as entries.
+    let github_only = "[[forge]]\nkind = \"github\"\nname = \"gh\"\nurl = \"https://github.com/acme\"\nbackend = \"vm\"\npat = \"ghp_x\"\n";
+    let c = load_env(&format!("{}{github_only}", without_forge_table()), &[])
+        .expect("one GitHub entry");
+    assert!(c.gitea().is_none());
+    assert_eq!(c.intake_names(), ["github.gh".to_owned()]);
+}
+
+#[test]
+fn the_older_forge_table_and_github_entries_still_load_alone_and_together() {
+    // `[forge]` alone (the minimal file), `[[github]]` alone, and both.
+    let c = load_env(MINIMAL, &[]).expect("[forge] alone");
+    assert_eq!(c.gitea().map(|f| f.flavor), Some(ForgeFlavor::Gitea));
+    assert!(c.github.is_empty());
+    let c = load_env(&format!("{}{GITHUB_ENTRY}", without_forge_table()), &[])
+        .expect("[[github]] alone");
+    assert_eq!(c.github[0].key("pat"), "github[0].pat");
+    let c = load_env(&format!("{MINIMAL}{GITHUB_ENTRY}"), &[]).expect("both");
+    assert_eq!(c.intake_names().len(), 3);
+    // The table may name its kind; and old and new forms mix.
+    let forgejo = MINIMAL.replace("[forge]\n", "[forge]\nkind = \"forgejo\"\n");
+    let c = load_env(&forgejo, &[]).expect("[forge] with a kind");
+    assert_eq!(c.forge.flavor, ForgeFlavor::Forgejo);
+    let mixed = format!(
+        "{}{GITHUB_ENTRY}\n[[forge]]\nkind = \"gitea\"\nurl = \"http://g:3000\"\nregistration_token = \"t\"\n",
+        without_forge_table()
+    );
+    let c = load_env(&mixed, &[]).expect("[[github]] beside [[forge]]");
+    assert_eq!(c.forge.url, "http://g:3000");
+    assert_eq!(c.github.len(), 1);
+}
+
+#[test]
+fn bad_forge_entries_are_refused_with_the_key_as_written() {
+    let base = without_forge_table();
+    let gitea_entry =
+        "\n[[forge]]\nkind = \"gitea\"\nurl = \"http://g:3000\"\nregistration_token = \"t\"\n";
+    for (bad, key, says) in [
+        (
+            FORGE_ENTRIES.replace("kind = \"forgejo\"\n", ""),
+            "forge[1].kind",
+            "missing",
+        ),
+        (
+            FORGE_ENTRIES.replace("kind = \"forgejo\"", "kind = \"gitlab\""),
+            "forge[1].kind",
+            "gitlab",
+        ),
+        (
+            FORGE_ENTRIES.replace("task_capacity = 4", "task_capacity = 4\nflavor = \"gitea\""),
+            "forge[1].flavor",
+            "contradicts",
+        ),
+        // Errors of moved entries name them where they are written.
+        (
+            FORGE_ENTRIES.replace("pat = \"ghp_y\"", ""),
+            "forge[2].pat",
+            "",
+        ),
+        (
+            FORGE_ENTRIES.replace("name = \"beta\"", "name = \"acme\""),
+            "forge[2].name",
+            "another",
+        ),
+        (
+            FORGE_ENTRIES.replace(
+                "registration_token = \"abc\"",
+                "registratoin_token = \"abc\"",
+            ),
+            "forge[1]",
+            "registratoin_token",
+        ),
+        (
+            FORGE_ENTRIES.replace("http://127.0.0.1:3000", "127.0.0.1:3000"),
+            "forge[1].url",
+            "http",
+        ),
+        (
+            format!("{FORGE_ENTRIES}{gitea_entry}"),
+            "forge[3]",
+            "second Gitea/Forgejo forge",
+        ),
+    ] {
+        let err = load_env(&format!("{base}{bad}"), &[]).expect_err(key);
+        let text = err.to_string();
+        assert!(text.contains(key) && text.contains(says), "{key}: {text}");
+    }
+    let err = load_env(
+        &MINIMAL.replace("[forge]\n", "[forge]\nkind = \"github\"\n"),
+        &[],
+    )
+    .expect_err("a GitHub [forge] table");
+    assert!(err.to_string().contains("forge.kind"), "{err}");
+}

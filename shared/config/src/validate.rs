@@ -19,7 +19,7 @@ impl Config {
         if self.gitea().is_none() && self.github.is_empty() {
             return Err(ConfigError::key(
                 "forge.url",
-                "no forge configured: give [forge] (Gitea or Forgejo) with its url, or [[github]] entries, or both",
+                "no forge configured: give [[forge]] entries (kind = \"gitea\", \"forgejo\" or \"github\"; or the older [forge] table and [[github]] entries)",
             ));
         }
         if self.gitea().is_some()
@@ -91,7 +91,7 @@ impl Config {
             if !names.insert(g.name.as_str()) {
                 return Err(ConfigError::key(
                     key("name"),
-                    format!("{:?} is the name of another [[github]] entry", g.name),
+                    format!("{:?} is the name of another GitHub entry", g.name),
                 ));
             }
             for (k, url) in [("url", Some(&g.url)), ("api_url", g.api_url.as_ref())] {

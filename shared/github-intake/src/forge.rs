@@ -40,8 +40,8 @@ pub struct GitHubForge {
 }
 
 /// The REST client's credentials of `entry`, read from the config and its files.
-fn credentials(index: usize, entry: &GitHubConfig) -> anyhow::Result<Credentials> {
-    let key = format!("github[{index}].pat");
+fn credentials(entry: &GitHubConfig) -> anyhow::Result<Credentials> {
+    let key = entry.key("pat");
     if let Some(pat) = jr_config::read_secret(&key, &entry.pat, &entry.pat_file)? {
         return Ok(Credentials::Pat(pat));
     }
@@ -52,8 +52,7 @@ fn credentials(index: usize, entry: &GitHubConfig) -> anyhow::Result<Credentials
     ) else {
         anyhow::bail!("{key}: no personal access token and no GitHub App configured");
     };
-    let private_key_pem =
-        jr_config::read_secret_file(&format!("github[{index}].app_private_key_file"), path)?;
+    let private_key_pem = jr_config::read_secret_file(&entry.key("app_private_key_file"), path)?;
     Ok(Credentials::App {
         issuer,
         installation_id,
@@ -70,9 +69,8 @@ impl GitHubForge {
         config
             .github
             .iter()
-            .enumerate()
-            .map(|(i, entry)| {
-                Self::build(config, &policy, i, entry)
+            .map(|entry| {
+                Self::build(config, &policy, entry)
                     .map_err(|e| (format!("github.{}", entry.name), e))
             })
             .collect()
@@ -81,23 +79,22 @@ impl GitHubForge {
     fn build(
         config: &Config,
         policy: &jr_placement::TrustPolicy,
-        i: usize,
         entry: &GitHubConfig,
     ) -> anyhow::Result<GitHubForge> {
         let backend_config = config
             .backend
             .get(&entry.backend)
-            .with_context(|| format!("github[{i}].backend {:?}", entry.backend))?;
+            .with_context(|| format!("{} {:?}", entry.key("backend"), entry.backend))?;
         let backend = BackendName::new(&entry.backend)
-            .with_context(|| format!("github[{i}].backend {:?}", entry.backend))?;
+            .with_context(|| format!("{} {:?}", entry.key("backend"), entry.backend))?;
         let client = ScaleSetClient::new(Settings {
             url: entry.url.clone(),
             api: entry.api_url.clone(),
-            credentials: credentials(i, entry)?,
+            credentials: credentials(entry)?,
             retry: RetryPolicy::default(),
             user_agent: format!("jetrunner/{}", env!("CARGO_PKG_VERSION")),
         })
-        .with_context(|| format!("github[{i}]"))?;
+        .with_context(|| entry.origin.clone())?;
         let default_max = backend_config
             .capacity
             .saturating_add(backend_config.lookahead);

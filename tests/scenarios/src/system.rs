@@ -96,7 +96,7 @@ pub struct SystemSpec {
     /// `[runtime] threads` of every service (1, the default: one thread; more: a multi-thread
     /// runtime).
     pub runtime_threads: usize,
-    /// A `[[github]]` scale set (forge `gh`, scale set `jetrunner`, runners on `github_backend`)
+    /// A GitHub `[[forge]]` entry (forge `gh`, scale set `jetrunner`, runners on `github_backend`)
     /// served by a fake GitHub next to the Gitea forge. Its jobs are enqueued with
     /// [`System::enqueue_github`]; the end invariants then cover them too.
     pub github: bool,
@@ -109,7 +109,7 @@ pub struct SystemSpec {
     /// the other services only; [`System::violations`] still counts VM jobs the forge has not
     /// finished, so a scenario leaves those out itself.
     pub no_vm_worker: bool,
-    /// No `[forge]` table: a deployment serving GitHub alone (with [`SystemSpec::github`]).
+    /// No Gitea/Forgejo `[[forge]]` entry: a deployment serving GitHub alone (with [`SystemSpec::github`]).
     /// The fake forge still runs, and nothing may reach it.
     pub no_gitea: bool,
     /// Faults of the fake forge from its start (e.g. `error_rate` 1: the forge answers 500 to
@@ -463,7 +463,7 @@ impl System {
         };
         let github_toml = match &github_url {
             Some(api) => format!(
-                "\n[[github]]\nname = \"gh\"\nurl = \"https://github.com/acme\"\napi_url = \"{api}\"\nbackend = \"{}\"\npat = \"{GITHUB_PAT}\"\n{}",
+                "\n[[forge]]\nkind = \"github\"\nname = \"gh\"\nurl = \"https://github.com/acme\"\napi_url = \"{api}\"\nbackend = \"{}\"\npat = \"{GITHUB_PAT}\"\n{}",
                 spec.github_backend,
                 spec.github_max_runners
                     .map(|n| format!("max_runners = {n}\n"))
@@ -472,7 +472,7 @@ impl System {
             None => String::new(),
         };
         let text = if spec.no_gitea {
-            without_table(&text, "[forge]")
+            without_table(&text, "[[forge]]")
         } else {
             text
         };
@@ -1240,14 +1240,14 @@ stream_replicas = {replicas}
 [database]
 url = "{database}"
 
-[forge]
+[[forge]]
+kind = "{flavor}"
 url = "{forge}"
 runner_name = "jetrunner-scenario"
 {registration}
 credentials_file = "{credentials}"
 poll_interval = "{poll}"
 max_backoff = "2s"
-flavor = "{flavor}"
 task_capacity = {task_capacity}
 keepalive_interval = "{keepalive}"
 
