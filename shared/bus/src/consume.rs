@@ -110,6 +110,11 @@ impl ConsumerOptions {
         self.pull_batch = pull_batch.max(1);
         self
     }
+
+    pub fn pull_expires(mut self, pull_expires: Duration) -> Self {
+        self.pull_expires = pull_expires;
+        self
+    }
 }
 
 /// Why the pull loop left its inner loop.
@@ -301,8 +306,10 @@ const GATED_PULL_EXPIRES: std::time::Duration = std::time::Duration::from_secs(4
 const PULL_EXPIRY_MARGIN: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Gated: gate permits and handler slots (up to `pull_batch`, at least one of each), then a pull
-/// of one message per permit. The permits are held across empty pulls until a pull brings at
-/// least one message; those left when that pull ends are given back.
+/// of one message per permit. Permits left when a pull ends are given back, also when it
+/// brought nothing: the gate's owner counts them as reserved (a worker keeps their slots from
+/// everything else, warm executors included), so an idle consumer must not sit on them; the
+/// next pull takes them again, sized by what the gate grants then.
 #[allow(
     clippy::too_many_arguments,
     reason = "private plumbing of the consumer loop"
@@ -396,9 +403,14 @@ where
                         tracing::warn!(consumer = %ctx.name, %error, "pull failed, pulling again");
                         return Exit::Restart;
                     }
-                    // The pull request ended (expired, or fewer messages were waiting).
-                    None if brought > 0 => break 'pull,
-                    None => continue 'pull,
+                    // The pull request ended (expired, or fewer messages were waiting): the
+                    // permits go back, and the next pull asks the gate again.
+                    None => {
+                        if brought == 0 {
+                            tracing::trace!(consumer = %ctx.name, "empty pull; permits given back");
+                        }
+                        break 'pull;
+                    }
                 }
             }
         }

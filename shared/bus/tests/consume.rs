@@ -255,8 +255,9 @@ async fn gate_with_two_permits(pull_batch: usize) {
     })
     .await;
     assert_eq!(max_in_flight.load(Ordering::SeqCst), 2);
-    // The idle pull keeps the permits it could take (one, or both when it pulls in batches)
-    // reserved while it waits for a seventh message.
+    // The idle pull holds the permits it could take (one, or both when it pulls in batches)
+    // while it waits for a seventh message (each empty pull gives them back and the next takes
+    // them again).
     let reserved = pull_batch.min(2);
     eventually(
         "handler slots are free again",
@@ -382,4 +383,56 @@ async fn the_stream_consumer_resumes_after_a_nats_restart() {
 #[tokio::test]
 async fn the_gated_consumer_resumes_after_a_nats_restart() {
     consumer_resumes_after_restart(true).await;
+}
+
+/// A gate that counts how often a consumer asked it for permits.
+struct CountingGate {
+    inner: SemaphoreGate,
+    asked: AtomicUsize,
+}
+
+impl jr_bus::Gate for CountingGate {
+    fn acquire(
+        &self,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = jr_bus::Permit> + Send + '_>> {
+        self.asked.fetch_add(1, Ordering::SeqCst);
+        self.inner.acquire()
+    }
+
+    fn acquire_many(
+        &self,
+        max: usize,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Vec<jr_bus::Permit>> + Send + '_>> {
+        self.asked.fetch_add(1, Ordering::SeqCst);
+        self.inner.acquire_many(max)
+    }
+}
+
+/// An idle gated consumer gives its permits back after every empty pull: a worker counts
+/// them as reserved, so a consumer sitting on them while nothing comes kept the worker from
+/// replacing its warm executors (they died idle, the reserved slots stayed taken).
+#[tokio::test]
+async fn an_empty_gated_pull_gives_its_permits_back() {
+    let (_server, bus) = server_and_bus().await;
+    let gate = Arc::new(CountingGate {
+        inner: SemaphoreGate::new(2),
+        asked: AtomicUsize::new(0),
+    });
+    let opts = ConsumerOptions::default()
+        .concurrency(2)
+        .gate(gate.clone())
+        .pull_batch(2)
+        .pull_expires(Duration::from_millis(300));
+    let (shutdown, task) = spawn_consumer(&bus, events_consumer("idle-gated"), opts, |_| async {
+        Disposition::Ack
+    })
+    .await;
+    eventually(
+        "the gate asked again after empty pulls",
+        Duration::from_secs(10),
+        || async { gate.asked.load(Ordering::SeqCst) >= 3 },
+    )
+    .await;
+    shutdown.cancel();
+    task.await.expect("no panic").expect("clean exit");
 }

@@ -2,6 +2,7 @@
 //! `JETRUNNER__<SECTION>__<KEY>` override keys (levels separated by `__`). Unknown keys are
 //! refused with an error naming the key; cross-key rules are checked by [`Config::validate`].
 
+mod check;
 mod forges;
 mod model;
 mod secret;
@@ -11,6 +12,7 @@ use std::path::Path;
 
 pub use model::*;
 pub use secret::{check_secret_file, read_secret_file, secret_mode_problem};
+pub use validate::POD_RUNNER_BLOCK_KEYS;
 
 /// Prefix of environment overrides, e.g. `JETRUNNER__NATS__URL=nats://nats:4222`.
 pub const ENV_PREFIX: &str = "JETRUNNER__";
@@ -72,31 +74,96 @@ pub fn load_str(
     origin: &str,
     env: impl IntoIterator<Item = (String, String)>,
 ) -> Result<Config, ConfigError> {
+    let (config, origins, overrides) = parse_str(text, origin, env)?;
+    config
+        .validate()
+        .map_err(|e| overrides.name_variable(origins.respell(e)))?;
+    Ok(config)
+}
+
+/// Every problem of the file at `path` at once, for `--check-config`: what [`load`] refuses
+/// (a file that does not parse stops there), every URL that does not parse as its key
+/// expects, and every file it names that is missing, not a file, unreadable or, for a secret,
+/// readable by others.
+pub fn check(path: &Path) -> Result<Config, Vec<ConfigError>> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        vec![ConfigError::Read {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        }]
+    })?;
+    let (config, origins, overrides) =
+        parse_str(&text, &path.display().to_string(), std::env::vars()).map_err(|e| vec![e])?;
+    let spell = |e| overrides.name_variable(origins.respell(e));
+    let mut problems: Vec<ConfigError> = Vec::new();
+    if let Err(e) = config.validate() {
+        problems.push(spell(e));
+    }
+    for e in config.url_problems().into_iter().map(spell) {
+        if !problems.iter().any(|p| p.to_string() == e.to_string()) {
+            problems.push(e);
+        }
+    }
+    problems.extend(config.file_problems().into_iter().map(spell));
+    if problems.is_empty() {
+        Ok(config)
+    } else {
+        Err(problems)
+    }
+}
+
+/// Parses and deserializes the file with its environment overrides, not validated yet.
+fn parse_str(
+    text: &str,
+    origin: &str,
+    env: impl IntoIterator<Item = (String, String)>,
+) -> Result<(Config, forges::Origins, Overrides), ConfigError> {
     let mut table: toml::Table = toml::from_str(text).map_err(|e| ConfigError::Parse {
         path: origin.to_owned(),
         message: e.to_string(),
     })?;
-    apply_env(&mut table, env)?;
+    let overrides = apply_env(&mut table, env)?;
     let origins = forges::normalize(&mut table)?;
     let mut config: Config =
         serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
             let key = e.path().to_string();
-            origins.respell(ConfigError::key(
+            let error = origins.respell(ConfigError::key(
                 if key == "." { "<root>".to_owned() } else { key },
                 e.inner().to_string(),
-            ))
+            ));
+            overrides.name_variable(error)
         })?;
     for (entry, origin) in config.github.iter_mut().zip(&origins.github) {
         entry.origin.clone_from(origin);
     }
-    config.validate().map_err(|e| origins.respell(e))?;
-    Ok(config)
+    Ok((config, origins, overrides))
+}
+
+/// The environment overrides applied, by the config key each set.
+#[derive(Debug, Default)]
+struct Overrides(Vec<(String, String)>);
+
+impl Overrides {
+    /// An error about a key an environment variable set names that variable too.
+    fn name_variable(&self, error: ConfigError) -> ConfigError {
+        match error {
+            ConfigError::Key { key, message } => match self.0.iter().find(|(k, _)| *k == key) {
+                Some((_, var)) => ConfigError::Env {
+                    var: var.clone(),
+                    message: format!("sets config key `{key}`: {message}"),
+                },
+                None => ConfigError::Key { key, message },
+            },
+            other => other,
+        }
+    }
 }
 
 fn apply_env(
     table: &mut toml::Table,
     env: impl IntoIterator<Item = (String, String)>,
-) -> Result<(), ConfigError> {
+) -> Result<Overrides, ConfigError> {
+    let mut applied = Overrides::default();
     let mut overrides: Vec<(String, String)> = env
         .into_iter()
         .filter(|(k, _)| k.starts_with(ENV_PREFIX))
@@ -129,8 +196,9 @@ fn apply_env(
             })?;
         }
         cursor.insert(last.clone(), value);
+        applied.0.push((path.join("."), var));
     }
-    Ok(())
+    Ok(applied)
 }
 
 /// An override is read as a TOML value when it is one (`5`, `true`, `["a"]`), else as a string.

@@ -43,6 +43,12 @@ pub fn check_secret_file(key: &str, path: &Path) -> Result<(), ConfigError> {
                 });
             }
         };
+        if meta.is_dir() {
+            return Err(ConfigError::Read {
+                path: format!("{} (from `{key}`)", path.display()),
+                message: "is a directory, not a file".to_owned(),
+            });
+        }
         if let Some(problem) = secret_mode_problem(meta.mode(), meta.uid()) {
             return Err(ConfigError::SecretFileMode {
                 key: key.to_owned(),

@@ -697,3 +697,131 @@ fn bad_forge_entries_are_refused_with_the_key_as_written() {
     .expect_err("a GitHub [forge] table");
     assert!(err.to_string().contains("forge.kind"), "{err}");
 }
+
+#[test]
+fn urls_that_do_not_parse_as_their_key_expects_are_refused_with_the_key() {
+    for (from, to, key) in [
+        (
+            "url = \"http://127.0.0.1:3000\"",
+            "url = \"http://\"",
+            "forge.url",
+        ),
+        (
+            "opensandbox = { url = \"http://127.0.0.1:8081\" }",
+            "opensandbox = { url = \"htp:/sandbox:8081\" }",
+            "backend.vm.opensandbox.url",
+        ),
+        (
+            "public_url = \"http://127.0.0.1:8080\"",
+            "public_url = \"scheduler:8080\"",
+            "facade.public_url",
+        ),
+        (
+            "url = \"nats://127.0.0.1:4222\"",
+            "url = \"nats://\"",
+            "nats.url",
+        ),
+    ] {
+        let bad = MINIMAL.replace(from, to);
+        assert_ne!(bad, MINIMAL, "{key}");
+        let err = load_env(&bad, &[]).expect_err(key);
+        assert!(
+            err.to_string().contains(&format!("`{key}`")),
+            "{key}: {err}"
+        );
+    }
+}
+
+#[test]
+fn an_environment_override_that_is_refused_names_its_variable() {
+    let err = load_env(MINIMAL, &[("JETRUNNER__BACKEND__POD__CAPACITY", "many")])
+        .expect_err("not a number");
+    let text = err.to_string();
+    assert!(
+        text.contains("JETRUNNER__BACKEND__POD__CAPACITY") && text.contains("backend.pod.capacity"),
+        "{text}"
+    );
+    let err = load_env(MINIMAL, &[("JETRUNNER__FORGE__URL", "forge:3000")]).expect_err("not a URL");
+    assert!(err.to_string().contains("JETRUNNER__FORGE__URL"), "{err}");
+}
+
+#[test]
+fn check_lists_every_problem_of_a_file_at_once() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let secret_dir = dir.path().join("a-directory");
+    std::fs::create_dir(&secret_dir).expect("dir");
+    let open_secret = dir.path().join("seal-keys.toml");
+    std::fs::write(&open_secret, "k1 = \"x\"\n").expect("write");
+    std::fs::set_permissions(&open_secret, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let text = format!(
+        "{}\n[scheduler]\nseal_keys_file = \"{}\"\n\n[pod_worker]\ntoken_key_file = \"{}\"\n\n[vm_worker]\ntoken_key_file = \"{}\"\n",
+        MINIMAL
+            .replace(
+                "public_url = \"http://127.0.0.1:8080\"",
+                "public_url = \"scheduler:8080\""
+            )
+            .replace(
+                "opensandbox = { url = \"http://127.0.0.1:8081\" }",
+                "opensandbox = { url = \"htp:/x\" }"
+            ),
+        open_secret.display(),
+        secret_dir.display(),
+        dir.path().join("missing").display(),
+    );
+    let path = dir.path().join("jetrunner.toml");
+    std::fs::write(&path, text).expect("write config");
+    let problems = check(&path).expect_err("several problems");
+    let all: Vec<String> = problems.iter().map(ToString::to_string).collect();
+    for says in [
+        "facade.public_url",
+        "backend.vm.opensandbox.url",
+        "scheduler.seal_keys_file",
+        "is a directory, not a file",
+        "does not exist",
+    ] {
+        assert!(
+            all.iter().any(|p| p.contains(says)),
+            "{says} not in {all:#?}"
+        );
+    }
+    assert!(all.len() >= 5, "{all:#?}");
+    // A good file has no problem.
+    let good = dir.path().join("good.toml");
+    std::fs::write(&good, MINIMAL).expect("write");
+    check(&good).expect("no problem");
+}
+
+#[test]
+fn a_secret_path_that_is_a_directory_is_called_a_directory() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let err = check_secret_file("scheduler.seal_keys_file", dir.path()).expect_err("a directory");
+    assert!(err.to_string().contains("is a directory"), "{err}");
+}
+
+#[test]
+fn runner_blocks_are_checked_by_every_binary() {
+    let with_block = |backend: &str, block: &str| {
+        MINIMAL.replace(
+            &format!("[backend.{backend}]\n"),
+            &format!("[backend.{backend}]\nrunner = {block}\n"),
+        )
+    };
+    load_env(
+        &with_block("pod", "{ image = \"runner:1\", env = { A = \"b\" } }"),
+        &[],
+    )
+    .expect("a pod runner block");
+    let err = load_env(
+        &with_block("pod", "{ image = \"runner:1\", volumes = [] }"),
+        &[],
+    )
+    .expect_err("volumes is not a runner block key");
+    assert!(
+        err.to_string().contains("backend.pod.runner.volumes"),
+        "{err}"
+    );
+    let err = load_env(&with_block("vm", "{ image = \"runner:1\" }"), &[])
+        .expect_err("a vm backend has no runner block");
+    assert!(err.to_string().contains("backend.vm.runner"), "{err}");
+}

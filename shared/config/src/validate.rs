@@ -47,6 +47,9 @@ impl Config {
         self.validate_backends()?;
         self.validate_routing()?;
         self.validate_github()?;
+        if let Some(problem) = self.url_problems().into_iter().next() {
+            return Err(problem);
+        }
         for section in crate::SERVICE_SECTIONS {
             if let Some(auth) = self.service_nats(section) {
                 validate_nats_auth(section, auth)?;
@@ -279,6 +282,14 @@ impl Config {
             let key = |k: &str| format!("backend.{name}.{k}");
             BackendName::new(name.clone())
                 .map_err(|e| ConfigError::key(format!("backend.{name}"), e.to_string()))?;
+            check_runner_block(b.kind, b.runner.as_ref(), &key("runner"))?;
+            for (i, p) in b.providers.iter().enumerate() {
+                check_runner_block(
+                    b.kind,
+                    p.runner.as_ref(),
+                    &format!("backend.{name}.providers[{i}].runner"),
+                )?;
+            }
             if b.capacity == 0 {
                 return Err(ConfigError::key(key("capacity"), "must be at least 1"));
             }
@@ -539,4 +550,53 @@ fn is_dns_label(name: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
         && bytes.first() != Some(&b'-')
         && bytes.last() != Some(&b'-')
+}
+
+/// Every key a Pod backend's runner block may have (the pod-worker reads their values).
+pub const POD_RUNNER_BLOCK_KEYS: &[&str] = &[
+    "image",
+    "command",
+    "args",
+    "env",
+    "resources",
+    "runtime_class_name",
+    "node_selector",
+    "tolerations",
+    "service_account_name",
+    "security_context",
+    "pod_security_context",
+    "image_pull_secrets",
+    "labels",
+    "annotations",
+];
+
+/// A runner block's keys, checked by every binary (not only by the worker that reads it):
+/// only Pod backends have one, with [`POD_RUNNER_BLOCK_KEYS`].
+fn check_runner_block(
+    kind: BackendKind,
+    block: Option<&toml::Table>,
+    key: &str,
+) -> Result<(), ConfigError> {
+    let Some(block) = block.filter(|b| !b.is_empty()) else {
+        return Ok(());
+    };
+    if kind != BackendKind::Pod {
+        return Err(ConfigError::key(
+            key,
+            "only Pod backends have a runner block (a VM's runner comes from its OpenSandbox pool)",
+        ));
+    }
+    if let Some(unknown) = block
+        .keys()
+        .find(|k| !POD_RUNNER_BLOCK_KEYS.contains(&k.as_str()))
+    {
+        return Err(ConfigError::key(
+            format!("{key}.{unknown}"),
+            format!(
+                "not a runner block key; expected one of {}",
+                POD_RUNNER_BLOCK_KEYS.join(", ")
+            ),
+        ));
+    }
+    Ok(())
 }

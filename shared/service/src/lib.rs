@@ -9,12 +9,12 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 use jr_bus::Bus;
 use jr_config::Config;
 use jr_telemetry::{LogFormat, Metrics, Readiness, Shutdown, TelemetryConfig};
 
-#[derive(Parser, Debug)]
+#[derive(clap::Parser, Debug)]
 struct Args {
     /// The jetrunner configuration file (shared by all services).
     #[arg(
@@ -23,6 +23,58 @@ struct Args {
         default_value = "/etc/jetrunner/jetrunner.toml"
     )]
     config: PathBuf,
+    /// Check FILE as every service reads it (every section, every URL parsed, every file it
+    /// names present and private enough), print every problem, and exit: 0 when it is valid,
+    /// 2 when not. Starts nothing.
+    #[arg(long, value_name = "FILE")]
+    check_config: Option<PathBuf>,
+}
+
+/// The version every binary reports (`--version`, the `starting` log line, `build_info`).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// Parses the command line of binary `service` (its name in `--help` and `--version`).
+fn parse_args(service: &'static str) -> Args {
+    let matches = Args::command()
+        .name(service)
+        .bin_name(service)
+        .version(VERSION)
+        .about(format!("jetrunner {service}"))
+        .get_matches();
+    match Args::from_arg_matches(&matches) {
+        Ok(args) => args,
+        Err(e) => e.exit(),
+    }
+}
+
+/// `--check-config FILE`: every problem of the file, one a line.
+fn check_config(service: &str, path: &std::path::Path) -> ExitCode {
+    match jr_config::check(path) {
+        Ok(config) => {
+            println!(
+                "{}: valid for every service (intakes: {}; backends: {})",
+                path.display(),
+                config.intake_names().join(", "),
+                config
+                    .enabled_backends()
+                    .map(|(n, _)| n.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            ExitCode::SUCCESS
+        }
+        Err(problems) => {
+            eprintln!(
+                "{service}: {} has {} problem(s):",
+                path.display(),
+                problems.len()
+            );
+            for problem in &problems {
+                eprintln!("  - {problem}");
+            }
+            ExitCode::from(2)
+        }
+    }
 }
 
 /// Everything a service's `run` gets from the bootstrap.
@@ -46,7 +98,10 @@ where
     F: FnOnce(Process) -> Fut,
     Fut: Future<Output = anyhow::Result<()>>,
 {
-    let args = Args::parse();
+    let args = parse_args(service);
+    if let Some(path) = &args.check_config {
+        return check_config(service, path);
+    }
     let config = match jr_config::load(&args.config) {
         Ok(c) => c,
         Err(e) => {
@@ -140,7 +195,7 @@ where
         }
     };
     bus.metrics().register(&mut metrics.registry());
-    tracing::info!(service, version = env!("CARGO_PKG_VERSION"), "starting");
+    tracing::info!(service, version = VERSION, "starting");
     let process = Process {
         config,
         bus,

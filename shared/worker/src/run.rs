@@ -177,8 +177,10 @@ impl<B: Backend> Worker<B> {
         let replicas = driver.replica.replicas();
         driver.feed(Input::Replicas(replicas)).await;
         driver.replicas = replicas;
-        driver.feed(Input::Recovered { listed, remembered }).await;
+        // Capacity before recovery: recovered with none, every adopted workload would be
+        // slot debt and the adopted idle warm executors would be retired at once.
         driver.feed(Input::Capacity(slots)).await;
+        driver.feed(Input::Recovered { listed, remembered }).await;
 
         let (tx, rx) = mpsc::unbounded_channel::<ToDriver>();
         let (obs_tx, obs_rx) = mpsc::channel::<ObservedWorkload>(1024);

@@ -103,23 +103,8 @@ pub struct RunnerBlock {
     pub annotations: BTreeMap<String, String>,
 }
 
-/// Every key a runner block may have.
-pub const RUNNER_BLOCK_KEYS: &[&str] = &[
-    "image",
-    "command",
-    "args",
-    "env",
-    "resources",
-    "runtime_class_name",
-    "node_selector",
-    "tolerations",
-    "service_account_name",
-    "security_context",
-    "pod_security_context",
-    "image_pull_secrets",
-    "labels",
-    "annotations",
-];
+/// Every key a runner block may have (checked by every binary when it loads the config).
+pub const RUNNER_BLOCK_KEYS: &[&str] = jr_config::POD_RUNNER_BLOCK_KEYS;
 
 fn invalid(key: impl Into<String>, message: impl Into<String>) -> PodWorkerError {
     PodWorkerError::InvalidValue {
