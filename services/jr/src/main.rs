@@ -23,6 +23,10 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
+mod provider;
+
+use provider::{ProviderAction, provider};
+
 #[derive(Parser)]
 #[command(name = "jr", version, about = "jetrunner admin tool")]
 struct Cli {
@@ -404,46 +408,6 @@ fn render_quarantine(body: &serde_json::Value) -> String {
         );
     }
     out
-}
-
-#[derive(Subcommand)]
-enum ProviderAction {
-    Drain { backend: String, provider: String },
-    Undrain { backend: String, provider: String },
-}
-
-async fn provider(action: ProviderAction, options: &Options) -> anyhow::Result<()> {
-    let (backend, name, drained) = match action {
-        ProviderAction::Drain { backend, provider } => (backend, provider, true),
-        ProviderAction::Undrain { backend, provider } => (backend, provider, false),
-    };
-    for (what, text) in [("backend", &backend), ("provider", &name)] {
-        anyhow::ensure!(
-            !text.is_empty()
-                && text
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'),
-            "{text:?} is not a {what} name"
-        );
-    }
-    let js = connect(&options.nats).await?;
-    let store = placement_store(&js).await?;
-    let key = format!("drain.{backend}.{name}");
-    store
-        .put(key.as_str(), if drained { "on" } else { "off" }.into())
-        .await
-        .map_err(|e| anyhow::anyhow!("writing {key}: {e}"))?;
-    if options.json {
-        println!(
-            "{}",
-            serde_json::json!({ "backend": backend, "provider": name, "key": key, "drained": drained })
-        );
-    } else if drained {
-        println!("provider {name} of backend {backend} drained: nothing new is placed there");
-    } else {
-        println!("provider {name} of backend {backend} takes new work again");
-    }
-    Ok(())
 }
 
 async fn connect(nats: &NatsArgs) -> anyhow::Result<jr_bus::async_nats::jetstream::Context> {

@@ -95,12 +95,12 @@ async fn burst_and_provider_take_the_nats_options_after_their_arguments() {
     assert_eq!(shown["value"], "25%");
 
     let drained = json_of(&[
-        "provider", "drain", "pod", "west", "--server", &server, "--json",
+        "provider", "drain", "pod", "west", "--server", &server, "--json", "--force",
     ]);
     assert_eq!(drained["key"], "drain.pod.west");
     assert_eq!(drained["drained"], true);
     let undrained = json_of(&[
-        "provider", "undrain", "pod", "west", "--json", "--server", &server,
+        "provider", "undrain", "pod", "west", "--json", "--force", "--server", &server,
     ]);
     assert_eq!(undrained["drained"], false);
 

@@ -104,6 +104,8 @@ impl Bus {
     ) -> Result<Bus, BusError> {
         let connections = Arc::new(watch::Sender::new(0u64));
         let on_event = connections.clone();
+        // Every connection event names the servers (never a password in their URLs).
+        let target: Arc<str> = Arc::from(without_credentials(url));
         let metrics = Arc::new(BusMetrics::default());
         let event_metrics = metrics.clone();
         let mut options = async_nats::ConnectOptions::new()
@@ -118,19 +120,25 @@ impl Bus {
             .event_callback(move |event| {
                 let connections = on_event.clone();
                 let metrics = event_metrics.clone();
+                let nats = target.clone();
                 async move {
                     match event {
                         async_nats::Event::Connected => {
                             connections.send_modify(|n| *n += 1);
-                            tracing::info!("connected to NATS");
+                            tracing::info!(%nats, "connected to NATS");
                         }
-                        async_nats::Event::Disconnected => tracing::warn!("disconnected from NATS"),
+                        async_nats::Event::Disconnected => {
+                            tracing::warn!(%nats, "disconnected from NATS; reconnecting")
+                        }
                         async_nats::Event::ServerError(error) => {
                             let kind = server_error_kind(&error);
                             BusMetrics::count(&metrics.server_errors, vec![("kind", kind.into())]);
-                            tracing::error!(%error, kind, "NATS server error");
+                            tracing::error!(%nats, %error, kind, "NATS server error");
                         }
-                        other => tracing::info!(event = %other, "NATS connection event"),
+                        async_nats::Event::ClientError(error) => {
+                            tracing::warn!(%nats, %error, "NATS client error (the connection is retried)")
+                        }
+                        other => tracing::info!(%nats, event = %other, "NATS connection event"),
                     }
                 }
             });
@@ -150,7 +158,7 @@ impl Bus {
             .connect(server_urls(url).as_slice())
             .await
             .map_err(|e| BusError::Connect {
-                url: url.to_owned(),
+                url: without_credentials(url),
                 source: Box::new(e),
             })?;
         let js = jetstream::new(client.clone());
@@ -261,5 +269,39 @@ mod tests {
             super::server_urls("nats://a:4222, nats://b:4222,nats://c:4222,"),
             vec!["nats://a:4222", "nats://b:4222", "nats://c:4222"]
         );
+    }
+}
+
+/// `url` (one server or a comma-separated list) with any `user:password@` removed, for logs
+/// and errors.
+pub fn without_credentials(url: &str) -> String {
+    url.split(',')
+        .map(|one| {
+            let one = one.trim();
+            match (one.find("://"), one.rfind('@')) {
+                (Some(scheme), Some(at)) if at > scheme => {
+                    format!("{}{}", &one[..scheme + 3], &one[at + 1..])
+                }
+                (None, Some(at)) => one[at + 1..].to_owned(),
+                _ => one.to_owned(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+#[cfg(test)]
+mod url_tests {
+    use super::without_credentials;
+
+    #[test]
+    fn credentials_never_reach_a_log_line() {
+        assert_eq!(
+            without_credentials("nats://svc:s3cret@nats-0:4222, nats://nats-1:4222"),
+            "nats://nats-0:4222,nats://nats-1:4222"
+        );
+        assert_eq!(without_credentials("tls://u:p@h:4222"), "tls://h:4222");
+        assert_eq!(without_credentials("u:p@h:4222"), "h:4222");
+        assert_eq!(without_credentials("nats://h:4222"), "nats://h:4222");
     }
 }

@@ -164,6 +164,7 @@ where
     let shutdown = Shutdown::new();
     let signals = tokio::spawn(shutdown.clone().trigger_on_signal());
     let metrics = Arc::new(Metrics::with_prefix("jetrunner"));
+    metrics.register_build_info(service, VERSION);
     let readiness = Readiness::new();
     for check in checks {
         readiness.register(check);

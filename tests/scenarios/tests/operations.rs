@@ -202,11 +202,19 @@ async fn jr_status_job_and_quarantine_show_what_the_system_did() -> anyhow::Resu
     let placement = js
         .get_key_value(jr_bus::permissions::PLACEMENT_BUCKET)
         .await?;
-    let drained = nats_jr(&["provider", "drain", "pod", "east", "--json"])?;
+    // The pod backend here has no providers: drain checks that against the status API and
+    // refuses (a typo would write a switch nothing reads); `--force` writes it anyway.
+    let refused = jr(&system, &["provider", "drain", "pod", "east"])?
+        .expect_err("an unknown provider is refused");
+    assert!(refused.contains("has no provider east"), "{refused}");
+    let refused = jr(&system, &["provider", "drain", "gpu", "east"])?
+        .expect_err("an unknown backend is refused");
+    assert!(refused.contains("no backend gpu"), "{refused}");
+    let drained = nats_jr(&["provider", "drain", "pod", "east", "--json", "--force"])?;
     assert_eq!(drained["drained"], true, "{drained}");
     let stored = placement.get("drain.pod.east").await?;
     assert_eq!(stored.as_deref(), Some(&b"on"[..]));
-    let undrained = nats_jr(&["provider", "undrain", "pod", "east", "--json"])?;
+    let undrained = nats_jr(&["provider", "undrain", "pod", "east", "--json", "--force"])?;
     assert_eq!(undrained["drained"], false, "{undrained}");
     assert_eq!(
         placement.get("drain.pod.east").await?.as_deref(),

@@ -344,6 +344,10 @@ fn jr_cmd(system: &System, group: &str, args: &[&str]) -> anyhow::Result<String>
     let out = std::process::Command::new(jr_scenarios::process::binary("jr")?)
         .args([group, "--server", &system.nats.url()])
         .args(args)
+        .args([
+            "--status-url",
+            &format!("http://127.0.0.1:{}", system.ports.status),
+        ])
         .output()?;
     anyhow::ensure!(
         out.status.success(),
