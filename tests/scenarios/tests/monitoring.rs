@@ -101,7 +101,28 @@ fn names_are_read_from_expressions() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_dashboard_and_alert_rules_use_only_exported_metrics() -> anyhow::Result<()> {
-    let mut system = System::start(SystemSpec::default()).await?;
+    // The Pod backend through one provider, so the provider metrics exist too.
+    let mut system = System::start(SystemSpec {
+        extra_toml: format!(
+            "\n[[backend.pod.providers]]\nname = \"main\"\nkubernetes = {{ namespace = \"{}\" }}\n",
+            jr_scenarios::system::JOBS_NAMESPACE
+        ),
+        ..Default::default()
+    })
+    .await?;
+    // A create the API server fails (503 for a moment): the create error metrics exist too.
+    system.kube.set_unavailable(true);
+    system.enqueue("pod", 1, &[]);
+    let failed = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !system.logs().contains("create did not succeed") {
+        anyhow::ensure!(
+            tokio::time::Instant::now() < failed,
+            "no create failed while the API server was unavailable\n{}",
+            system.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    system.kube.set_unavailable(false);
     for label in ["pod", "vm"] {
         system.forge.enqueue_jobs(
             jr_fake_forge::JobSpec {
