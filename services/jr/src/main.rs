@@ -8,7 +8,7 @@
 //!   bucket `JR_PLACEMENT`, key `burst`); `VALUE` is `off`, `on`, `on:<0-100>` or `<0-100>%`.
 //! - `jr provider drain|undrain BACKEND PROVIDER` sets a provider's run-time drain switch (key
 //!   `drain.<backend>.<provider>`): nothing new is placed there, running work finishes.
-//! - `jr status`, `jr job ID|TASK`, `jr quarantine list` read the reconciler's status API
+//! - `jr status`, `jr jobs [filters]`, `jr job ID|TASK`, `jr quarantine list` read the reconciler's status API
 //!   (`--status-url`, `JR_STATUS_URL`): slots and queues per backend and provider, one job's
 //!   timeline, the quarantined messages. Each prints text, or the API's JSON with `--json`.
 //!   `jr status` also shows each intake (forge registration) of the scheduler: the labels it
@@ -23,8 +23,10 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
+mod jobs;
 mod provider;
 
+use jobs::JobArgs;
 use provider::{ProviderAction, provider};
 
 #[derive(Parser)]
@@ -79,6 +81,8 @@ enum Command {
     /// Slots, queue and states per backend and provider, the burst switch, quarantine count,
     /// the scheduler's intakes.
     Status,
+    /// Jobs newest first, with the status page's filters (`--forge` filters by forge).
+    Jobs(JobArgs),
     /// One job's timeline: an assignment id, or a forge task id with `--forge`.
     Job {
         /// Assignment id (UUID) or forge task id (a number; needs `--forge`).
@@ -591,6 +595,7 @@ fn main() -> ExitCode {
             runtime().and_then(|rt| rt.block_on(provider(action, &options)))
         }
         Command::Status => runtime().and_then(|rt| rt.block_on(status(&options))),
+        Command::Jobs(args) => runtime().and_then(|rt| rt.block_on(jobs::jobs(&args, &options))),
         Command::Job { job: j } => runtime().and_then(|rt| rt.block_on(job(&j, &options))),
         Command::Quarantine { action } => {
             runtime().and_then(|rt| rt.block_on(quarantine(&action, &options)))

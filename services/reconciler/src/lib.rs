@@ -4,6 +4,7 @@
 //! rules applied to what changed, over a copy of the records kept in memory.
 
 pub mod executor;
+pub mod jobs_api;
 pub mod metrics;
 pub mod planner;
 pub mod projector;

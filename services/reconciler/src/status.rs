@@ -102,6 +102,7 @@ pub fn router(state: Arc<StatusState>) -> Router {
     Router::new()
         .route("/", get(page))
         .route("/api/status", get(status))
+        .route("/api/assignments", get(crate::jobs_api::jobs))
         .route("/api/assignments/{id}", get(timeline))
         .route("/api/quarantine", get(quarantine))
         .with_state(state)

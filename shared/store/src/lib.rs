@@ -8,6 +8,7 @@
 
 mod apply;
 mod cache;
+mod jobs;
 mod memory;
 mod model;
 mod rows;
@@ -16,6 +17,7 @@ mod store;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 
+pub use jobs::{Cursor, JobFilter, JobPage, JobRow, MAX_PAGE};
 pub use memory::{Applied, ApplyStats, MemoryProjection};
 pub use model::{
     AssignmentInfo, AssignmentRecord, AssignmentState, AttemptRecord, ClaimRecord, FailureRecord,

@@ -150,6 +150,26 @@ async fn jr_status_job_and_quarantine_show_what_the_system_did() -> anyhow::Resu
     let decoded: serde_json::Value = serde_json::from_slice(&decoded.stdout)?;
     assert_eq!(decoded["kind"], "claimed", "{decoded}");
     assert_eq!(decoded["assignment_id"], id, "{decoded}");
+    // `jr jobs`: the status page's list, with its filters.
+    let listed: serde_json::Value = serde_json::from_str(&ok(jr(
+        &system,
+        &["jobs", "--json", "--repository", "acme/widgets"],
+    ))?)?;
+    let listed = listed["jobs"].as_array().cloned().unwrap_or_default();
+    assert!(listed.iter().any(|j| j["id"] == id), "{listed:?}");
+    assert!(
+        listed.iter().all(|j| j["repository"] == "acme/widgets"),
+        "{listed:?}"
+    );
+    let none: serde_json::Value = serde_json::from_str(&ok(jr(
+        &system,
+        &["jobs", "--json", "--repository", "acme/other"],
+    ))?)?;
+    assert_eq!(none["jobs"].as_array().map(Vec::len), Some(0), "{none}");
+    let text = ok(jr(&system, &["jobs", "--forge", &forge]))?;
+    assert!(text.contains(id), "{text}");
+    let refused = jr(&system, &["jobs", "--state", "done"])?.expect_err("not a state");
+    assert!(refused.contains("state"), "{refused}");
     let text = ok(jr(&system, &["job", id]))?;
     assert!(text.starts_with(&format!("assignment {id}")), "{text}");
     assert!(text.contains("claimed"), "{text}");

@@ -241,6 +241,57 @@ async fn the_status_page_shows_what_the_api_says_in_a_real_browser() -> anyhow::
         "quarantine count not shown"
     );
 
+    // The job list: the jobs the API lists, each linking to its timeline; and the list
+    // filtered by the page's own query string, as the API filters it.
+    let ids_of = |page: &serde_json::Value| -> std::collections::BTreeSet<String> {
+        page["jobs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|j| j["id"].as_str().map(str::to_owned))
+            .collect()
+    };
+    let linked = |dom: &str| -> std::collections::BTreeSet<String> {
+        let Some(start) = dom.find("id=\"jobs\"") else {
+            return Default::default();
+        };
+        let table = &dom[start..];
+        let table = &table[..table.find("</table>").unwrap_or(table.len())];
+        table
+            .split("href=\"#")
+            .skip(1)
+            .filter_map(|rest| rest.split('"').next().map(str::to_owned))
+            .collect()
+    };
+    let all_jobs: serde_json::Value = reqwest::get(format!("{status_url}/api/assignments"))
+        .await?
+        .json()
+        .await?;
+    assert!(!ids_of(&all_jobs).is_empty(), "no job listed: {all_jobs}");
+    assert_eq!(
+        linked(&dom),
+        ids_of(&all_jobs),
+        "the page lists what the API lists"
+    );
+    let vm_jobs: serde_json::Value =
+        reqwest::get(format!("{status_url}/api/assignments?backend=vm"))
+            .await?
+            .json()
+            .await?;
+    let filtered = headless(
+        profile.path(),
+        &format!("{status_url}/?backend=vm"),
+        &["--dump-dom"],
+    )?;
+    assert_eq!(linked(&filtered), ids_of(&vm_jobs), "the filtered list");
+    assert!(
+        ids_of(&vm_jobs).len() < ids_of(&all_jobs).len(),
+        "the filter filtered"
+    );
+    for row in table_rows(&filtered, "jobs") {
+        assert_eq!(row.get(4).map(String::as_str), Some("vm"), "{row:?}");
+    }
+
     // The quick job's timeline, opened by its id in the page's address.
     let task = system
         .forge
