@@ -176,9 +176,13 @@ fn render_status(body: &serde_json::Value, now_ms: u64) -> String {
                 .iter()
                 .map(|(name, used)| {
                     let used = used.as_u64().unwrap_or(0);
+                    let drained = b["drained"]
+                        .as_array()
+                        .is_some_and(|d| d.iter().any(|p| p == name.as_str()));
+                    let drained = if drained { " (drained)" } else { "" };
                     match b["provider_capacity"][name].as_u64() {
-                        Some(cap) => format!("{name} {used}/{cap}"),
-                        None => format!("{name} {used}"),
+                        Some(cap) => format!("{name} {used}/{cap}{drained}"),
+                        None => format!("{name} {used}{drained}"),
                     }
                 })
                 .collect();
@@ -633,7 +637,7 @@ mod tests {
     fn text_renderings_show_the_figures() {
         let status = serde_json::json!({
             "backends": [{"name": "pod", "capacity": 4, "slots_used": 3, "queue_depth": 7,
-                          "states": {"running": 2}, "providers": {"east": 2, "west": 1},
+                          "states": {"running": 2}, "providers": {"east": 2, "west": 1}, "drained": ["west"],
                           "provider_capacity": {"east": 3},
                           "oldest_wait_secs": 12.34}],
             "quarantined": 5,
@@ -661,7 +665,7 @@ mod tests {
             text.contains("backend pod: 3 of 4 slots used, 7 waiting"),
             "{text}"
         );
-        assert!(text.contains("east 2/3, west 1"), "{text}");
+        assert!(text.contains("east 2/3, west 1 (drained)"), "{text}");
         assert!(
             text.contains("burst on:30: on for 30% of eligible jobs"),
             "{text}"

@@ -41,6 +41,8 @@ struct BackendStatus {
     providers: BTreeMap<String, u64>,
     /// Slots each provider may hold (`max_runners`, else the backend's capacity).
     provider_capacity: BTreeMap<String, usize>,
+    /// Providers drained at run time (`jr provider drain`): nothing new is placed there.
+    drained: Vec<String>,
     /// Seconds the longest-waiting assignment (no workload yet) has waited since its forge
     /// fetch; absent when nothing waits.
     oldest_wait_secs: Option<f64>,
@@ -166,6 +168,7 @@ async fn status(State(s): State<Arc<StatusState>>) -> Response {
         for provider in provider_capacity.keys() {
             providers.entry(provider.clone()).or_insert(0);
         }
+        let drained = drained_providers(&s.bus, name, provider_capacity.keys()).await;
         backends.push(BackendStatus {
             name: name.clone(),
             capacity: *capacity,
@@ -174,6 +177,7 @@ async fn status(State(s): State<Arc<StatusState>>) -> Response {
             states,
             providers,
             provider_capacity,
+            drained,
             oldest_wait_secs,
         });
     }
@@ -214,6 +218,34 @@ async fn burst_switch(bus: &jr_bus::Bus) -> serde_json::Value {
         "percent": setting.percent,
         "invalid": warning.is_some(),
     })
+}
+
+/// The providers of `backend` whose run-time drain switch (`JR_PLACEMENT`) drains them, read
+/// as the workers read it; none when the bucket cannot be read.
+async fn drained_providers(
+    bus: &jr_bus::Bus,
+    backend: &str,
+    providers: impl Iterator<Item = &String>,
+) -> Vec<String> {
+    let Ok(store) = bus
+        .jetstream()
+        .get_key_value(jr_bus::permissions::PLACEMENT_BUCKET)
+        .await
+    else {
+        return Vec::new();
+    };
+    let mut drained = Vec::new();
+    for provider in providers {
+        let value = store
+            .get(jr_placement::drain_key(backend, provider))
+            .await
+            .ok()
+            .flatten();
+        if jr_placement::interpret_drain(value.as_deref()).0 {
+            drained.push(provider.clone());
+        }
+    }
+    drained
 }
 
 /// Most recent quarantined messages shown (newest first).

@@ -29,7 +29,7 @@ pub use provider::{
 pub use quota::{Admission, Quotas, Usage, WaitReason, WaitingJob, admit, next_fair};
 pub use tier::{
     BurstProblem, BurstSetting, BurstWarning, DefaultReason, JobKey, ProtectedMatcher, TierChoice,
-    burst_bucket, choose_tier, parse_burst,
+    burst_bucket, choose_tier, drain_key, interpret_drain, parse_burst,
 };
 pub use trust::{
     AllowedTrust, ContextMatcher, ForgeContext, TrustDecision, TrustLevel, TrustPolicy, TrustRule,

@@ -270,3 +270,27 @@ pub fn choose_tier(
         TierChoice::Default(DefaultReason::DefaultHasRoom)
     }
 }
+
+/// The KV key of a provider's drain switch.
+pub fn drain_key(backend: &str, provider: &str) -> String {
+    format!("drain.{backend}.{provider}")
+}
+
+/// Whether a drain switch's value drains the provider, and the warning for a bad value.
+pub fn interpret_drain(value: Option<&[u8]>) -> (bool, Option<String>) {
+    let Some(bytes) = value else {
+        return (false, None);
+    };
+    let text = String::from_utf8_lossy(bytes);
+    match text.trim().to_ascii_lowercase().as_str() {
+        "on" | "true" | "drain" | "drained" => (true, None),
+        "off" | "false" | "" => (false, None),
+        _ => (
+            false,
+            Some(format!(
+                "drain switch {:?} is not valid: the provider is not drained; use on or off",
+                text.chars().take(64).collect::<String>()
+            )),
+        ),
+    }
+}

@@ -180,6 +180,16 @@ async fn a_provider_drained_mid_run_gets_no_new_work_and_its_running_work_finish
     // running work in "b" is adopted and finishes there.
     let said = jr_cmd(&system, "provider", &["drain", "pod", "b"])?;
     assert!(said.contains("drained"), "{said}");
+    // The status API (and so the page and `jr status`) says so.
+    let status = api_status(&system).await?;
+    let pod = status["backends"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|b| b["name"] == "pod")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(pod["drained"], serde_json::json!(["b"]), "{pod}");
     let drained_at = created(&system);
     system.pod_worker.restart()?;
     system
