@@ -123,6 +123,54 @@ pub async fn jobs(
     }
 }
 
+/// `GET /api/history?minutes=N` (1–1440, default 60): per backend, the minutes with anything in
+/// them, oldest first, each with the jobs fetched and ended and the mean queue wait (seconds
+/// from fetch to workload) of the jobs fetched then. The page draws its charts from it.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HistoryQuery {
+    minutes: Option<String>,
+}
+
+pub async fn history(
+    State(s): State<Arc<StatusState>>,
+    query: Result<Query<HistoryQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let minutes =
+        match query
+            .map_err(|e| e.body_text())
+            .and_then(|Query(q)| match given(q.minutes) {
+                None => Ok(60),
+                Some(v) => v
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|m| (1..=1440).contains(m))
+                    .ok_or_else(|| bad("minutes", format!("{v:?} is not 1 to 1440"))),
+            }) {
+            Ok(minutes) => minutes,
+            Err(error) => {
+                return (
+                    StatusCode::BAD_REQUEST,
+                    Json(serde_json::json!({ "error": error })),
+                )
+                    .into_response();
+            }
+        };
+    match s.store.history(minutes).await {
+        Ok(backends) => Json(serde_json::json!({
+            "minutes": minutes,
+            "now_ms": jr_protocol::now_ms(),
+            "backends": backends,
+        }))
+        .into_response(),
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(serde_json::json!({ "error": e.to_string() })),
+        )
+            .into_response(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -105,6 +105,7 @@ pub fn router(state: Arc<StatusState>) -> Router {
         .route("/", get(page))
         .route("/api/status", get(status))
         .route("/api/assignments", get(crate::jobs_api::jobs))
+        .route("/api/history", get(crate::jobs_api::history))
         .route("/api/assignments/{id}", get(timeline))
         .route("/api/quarantine", get(quarantine))
         .with_state(state)

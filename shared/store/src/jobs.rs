@@ -185,3 +185,62 @@ impl Store {
         Ok(JobPage { jobs, next })
     }
 }
+
+/// One minute of one backend's history.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Minute {
+    /// The minute's start, unix ms.
+    pub at_ms: u64,
+    /// Jobs the forge handed out in the minute.
+    pub fetched: u64,
+    /// Jobs that ended in the minute (completed or failed).
+    pub ended: u64,
+    /// Mean seconds from fetch to a workload, of the jobs fetched in the minute that have one.
+    pub wait_secs: Option<f64>,
+}
+
+impl Store {
+    /// Per backend, the last `minutes` minutes (those with anything in them), oldest first:
+    /// throughput and queue wait for the status page's charts.
+    pub async fn history(
+        &self,
+        minutes: u32,
+    ) -> Result<std::collections::BTreeMap<String, Vec<Minute>>, StoreError> {
+        let rows: Vec<(String, i64, i64, i64, Option<f64>)> = sqlx::query_as(
+            "WITH recent AS ( \
+               SELECT backend, fetched_at, first_workload_at, coalesce(finished_at, failed_at) AS ended_at \
+               FROM assignments \
+               WHERE backend IS NOT NULL \
+                 AND (fetched_at >= now() - make_interval(mins => $1) \
+                      OR coalesce(finished_at, failed_at) >= now() - make_interval(mins => $1))), \
+             fetched AS ( \
+               SELECT backend, date_trunc('minute', fetched_at) AS minute, count(*) AS n, \
+                      avg(extract(epoch FROM first_workload_at - fetched_at))::float8 AS wait \
+               FROM recent WHERE fetched_at >= now() - make_interval(mins => $1) GROUP BY 1, 2), \
+             ended AS ( \
+               SELECT backend, date_trunc('minute', ended_at) AS minute, count(*) AS n \
+               FROM recent WHERE ended_at >= now() - make_interval(mins => $1) GROUP BY 1, 2) \
+             SELECT coalesce(f.backend, e.backend), jr_ms(coalesce(f.minute, e.minute)), \
+                    coalesce(f.n, 0), coalesce(e.n, 0), f.wait \
+             FROM fetched f FULL JOIN ended e ON f.backend = e.backend AND f.minute = e.minute \
+             ORDER BY 1, 2",
+        )
+        .bind(i32::try_from(minutes).unwrap_or(i32::MAX))
+        .fetch_all(self.pool())
+        .await
+        .map_err(|source| StoreError::Query {
+            op: "history",
+            source,
+        })?;
+        let mut out: std::collections::BTreeMap<String, Vec<Minute>> = Default::default();
+        for (backend, at, fetched, ended, wait) in rows {
+            out.entry(backend).or_default().push(Minute {
+                at_ms: ms(at),
+                fetched: ms(fetched),
+                ended: ms(ended),
+                wait_secs: wait,
+            });
+        }
+        Ok(out)
+    }
+}

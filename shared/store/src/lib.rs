@@ -17,7 +17,7 @@ mod store;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 
-pub use jobs::{Cursor, JobFilter, JobPage, JobRow, MAX_PAGE};
+pub use jobs::{Cursor, JobFilter, JobPage, JobRow, MAX_PAGE, Minute};
 pub use memory::{Applied, ApplyStats, MemoryProjection};
 pub use model::{
     AssignmentInfo, AssignmentRecord, AssignmentState, AttemptRecord, ClaimRecord, FailureRecord,

@@ -142,3 +142,36 @@ async fn jobs_are_listed_newest_first_filtered_and_paged() -> anyhow::Result<()>
     assert_eq!(second.next, None);
     drop_database(&name, store).await
 }
+
+#[tokio::test]
+async fn history_counts_jobs_fetched_and_ended_per_minute_and_their_wait() -> anyhow::Result<()> {
+    let (name, store) = database().await?;
+    let now = jr_protocol::now_ms();
+    // Two pod jobs fetched now (one got its workload after 2 s and ended), one an hour and a
+    // half ago (outside the window).
+    let recent = Builder::new(1, "pod");
+    let waiting = Builder::new(2, "pod");
+    let old = Builder::new(3, "pod");
+    let assignments: Vec<(u64, Envelope)> = vec![
+        (1, recent.assignment(1, now + 5)),
+        (2, waiting.assignment(1, now + 5)),
+        (3, old.assignment(1, now - 90 * 60_000)),
+    ];
+    let events: Vec<(u64, Envelope)> = vec![
+        (1, recent.created(1, now + 2_000)),
+        (2, recent.claimed(1, now + 2_100)),
+        (3, recent.terminal(1, now + 2_200, true)),
+        (4, recent.released(1, now + 2_300)),
+    ];
+    store.apply_batch(ASSIGNMENTS_STREAM, &assignments).await?;
+    store.apply_batch(EVENTS_STREAM, &events).await?;
+    let history = store.history(60).await?;
+    let pod = history.get("pod").cloned().unwrap_or_default();
+    let fetched: u64 = pod.iter().map(|m| m.fetched).sum();
+    let ended: u64 = pod.iter().map(|m| m.ended).sum();
+    assert_eq!((fetched, ended), (2, 1), "{pod:?}");
+    let wait = pod.iter().find_map(|m| m.wait_secs).expect("a wait");
+    assert!((wait - 2.0).abs() < 0.5, "{wait}");
+    assert!(history.get("vm").is_none());
+    drop_database(&name, store).await
+}

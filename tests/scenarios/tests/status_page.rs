@@ -292,6 +292,28 @@ async fn the_status_page_shows_what_the_api_says_in_a_real_browser() -> anyhow::
         assert_eq!(row.get(4).map(String::as_str), Some("vm"), "{row:?}");
     }
 
+    // The charts: one per backend the history has, drawn from /api/history.
+    let history: serde_json::Value = reqwest::get(format!("{status_url}/api/history"))
+        .await?
+        .json()
+        .await?;
+    let charted: Vec<&String> = history["backends"]
+        .as_object()
+        .map(|b| b.keys().collect())
+        .unwrap_or_default();
+    assert!(!charted.is_empty(), "no history: {history}");
+    for backend in charted {
+        let start = dom
+            .find(&format!("id=\"chart-{backend}\""))
+            .ok_or_else(|| anyhow::anyhow!("no chart for {backend}"))?;
+        let chart = &dom[start..];
+        let chart = &chart[..chart.find("</svg>").unwrap_or(chart.len())];
+        assert!(
+            chart.contains("<polyline class=\"fetched\" points=\""),
+            "{backend}: {chart}"
+        );
+    }
+
     // The quick job's timeline, opened by its id in the page's address.
     let task = system
         .forge
