@@ -14,8 +14,9 @@
 //!   `jr status` also shows each intake (forge registration) of the scheduler: the labels it
 //!   declares, and per backend whether its work is taken or why it waits at the forge.
 //!
-//! Options (`--server`, `--user`, `--password`, `--status-url`, `--forge`, `--json`) are
-//! accepted anywhere on the command line, before or after the subcommand and its arguments.
+//! Options (`--server`, `--user`, `--password`, `--creds`, `--nkey`, `--status-url`, `--forge`,
+//! `--json`) are accepted anywhere on the command line, before or after the subcommand and its
+//! arguments.
 
 use std::io::Read;
 use std::process::ExitCode;
@@ -426,6 +427,17 @@ async fn connect(nats: &NatsArgs) -> anyhow::Result<jr_bus::async_nats::jetstrea
     if let (Some(user), Some(password)) = (nats.user.clone(), nats.password.clone()) {
         options = options.user_and_password(user, password);
     }
+    if let Some(path) = &nats.creds {
+        options = options
+            .credentials_file(path)
+            .await
+            .map_err(|e| anyhow::anyhow!("reading the NATS credentials {}: {e}", path.display()))?;
+    }
+    if let Some(path) = &nats.nkey {
+        let seed = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("reading the nkey seed {}: {e}", path.display()))?;
+        options = options.nkey(seed.trim().to_owned());
+    }
     let client = options
         .connect(jr_bus::server_urls(&nats.server).as_slice())
         .await
@@ -466,6 +478,12 @@ struct NatsArgs {
     user: Option<String>,
     #[arg(long, env = "NATS_PASSWORD", global = true)]
     password: Option<String>,
+    /// A `.creds` file (user JWT and nkey seed, as `nsc` writes them).
+    #[arg(long, env = "NATS_CREDS", global = true)]
+    creds: Option<std::path::PathBuf>,
+    /// A file holding the user's nkey seed (`SU...`).
+    #[arg(long, env = "NATS_NKEY", global = true)]
+    nkey: Option<std::path::PathBuf>,
 }
 
 #[derive(Subcommand)]

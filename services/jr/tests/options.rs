@@ -189,3 +189,26 @@ fn health_and_decode_accept_the_common_options_too() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn nats_credentials_and_nkey_files_are_read_and_named_when_missing() {
+    for (option, says) in [
+        (
+            "--creds",
+            "reading the NATS credentials /nonexistent/jr.creds",
+        ),
+        ("--nkey", "reading the nkey seed /nonexistent/jr.creds"),
+    ] {
+        let out = jr(&[
+            "burst",
+            "show",
+            "--server",
+            "nats://127.0.0.1:1",
+            option,
+            "/nonexistent/jr.creds",
+        ]);
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{option}: {err}");
+    }
+}
