@@ -175,15 +175,31 @@ async fn main() -> anyhow::Result<()> {
         system.nats.monitor_url()
     );
     println!(
-        "                   nats -s {} stream ls; nats consumer info JR_ASSIGNMENTS pod-worker",
+        "                   with the NATS CLI (github.com/nats-io/natscli, not packaged): nats -s {} stream ls",
         system.nats.url()
     );
     println!("  PostgreSQL       {}", system.database_url);
-    println!("  service logs     {}", system.dir.path().display());
     println!(
-        "  burst switch     {}   (jr burst --server {} set off|on|on:<percent>)",
+        "  service logs     {}   (copied to {} when the demo stops)",
+        system.dir.path().display(),
+        kept_logs_dir().display()
+    );
+    // `jr` by its full path: it is built with the demo, not installed.
+    let jr = jr_scenarios::process::binary("jr")?;
+    let status_url = format!("http://127.0.0.1:{}", p.status);
+    println!(
+        "  burst switch     {}   ({} burst --server {} set off|on|on:<percent>)",
         args.burst,
+        jr.display(),
         system.nats.url()
+    );
+    println!(
+        "  jobs             {} jobs --status-url {status_url}   (--backend pod, --state failed, --json …)",
+        jr.display()
+    );
+    println!(
+        "  status           {} status --status-url {status_url}",
+        jr.display()
     );
     println!();
     let started = std::time::Instant::now();
@@ -245,11 +261,11 @@ async fn main() -> anyhow::Result<()> {
                 println!("finished with problems: {violations:?}");
             }
             if args.exit_when_done {
-                return Ok(());
+                return keep(&system);
             }
             println!("still running for you to look around; Ctrl-C to stop.");
             tokio::signal::ctrl_c().await?;
-            return Ok(());
+            return keep(&system);
         }
         if system
             .services_mut()
@@ -260,8 +276,21 @@ async fn main() -> anyhow::Result<()> {
             anyhow::bail!("a service stopped:\n{}", system.logs());
         }
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => return Ok(()),
+            _ = tokio::signal::ctrl_c() => return keep(&system),
             _ = tokio::time::sleep(Duration::from_millis(500)) => {}
         }
     }
+}
+
+/// Where the services' logs are kept when the demo stops (its own folder goes with it).
+fn kept_logs_dir() -> std::path::PathBuf {
+    std::env::temp_dir().join("jr-scenario-logs-demo")
+}
+
+/// Copies the services' logs out of the demo's folder before it is removed, and says where.
+fn keep(system: &System) -> anyhow::Result<()> {
+    let kept = jr_scenarios::chaos::keep_logs(system, "demo")?;
+    println!();
+    println!("the services' logs are kept in {}", kept.display());
+    Ok(())
 }
