@@ -19,6 +19,8 @@ pub struct SchedulerCollector<L: Ledger> {
     pub dispatcher: Option<Arc<Dispatcher>>,
     /// Every intake's health.
     pub board: Arc<IntakeBoard>,
+    /// Each GitHub scale set listener's figures, by `[[github]]` name.
+    pub github: Vec<(String, Arc<jr_github::ListenerStats>)>,
     pub facade: Arc<Facade<L>>,
 }
 
@@ -263,6 +265,101 @@ impl<L: Ledger> Collector for SchedulerCollector<L> {
             "JetStream lookups or publishes of the facade that failed",
             f.ledger_errors,
         )?;
+        self.encode_github(e)
+    }
+}
+
+impl<L: Ledger> SchedulerCollector<L> {
+    /// `github_*{forge}`: what each scale set listener did, and the service's statistics.
+    fn encode_github(&self, e: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        use jr_github::ListenerStats;
+        type Read = fn(&ListenerStats) -> &std::sync::atomic::AtomicU64;
+        let counters: [(&str, &str, Read); 8] = [
+            (
+                "github_sessions",
+                "Message sessions opened or resumed",
+                |s| &s.sessions,
+            ),
+            ("github_messages", "Scale set messages handled", |s| {
+                &s.messages
+            }),
+            (
+                "github_jobs_assigned",
+                "Jobs GitHub assigned to the scale set",
+                |s| &s.jobs_assigned,
+            ),
+            (
+                "github_jobs_started",
+                "Jobs that started on a runner",
+                |s| &s.jobs_started,
+            ),
+            ("github_jobs_completed", "Jobs that completed", |s| {
+                &s.jobs_completed
+            }),
+            (
+                "github_runners_made",
+                "Just-in-time runners made and published",
+                |s| &s.runners_made,
+            ),
+            (
+                "github_acquire_failures",
+                "Acquire calls that failed",
+                |s| &s.acquire_failures,
+            ),
+            (
+                "github_jit_failures",
+                "JIT runner configs GitHub did not make",
+                |s| &s.jit_failures,
+            ),
+        ];
+        let gauges: [(&str, &str, Read); 5] = [
+            (
+                "github_runners_idle",
+                "Runners made and not known to have taken a job",
+                |s| &s.runners_idle,
+            ),
+            (
+                "github_jobs_held",
+                "Jobs the listener holds an assignment for",
+                |s| &s.jobs_held,
+            ),
+            (
+                "github_available_jobs",
+                "Jobs available to the scale set (GitHub's statistics)",
+                |s| &s.available_jobs,
+            ),
+            (
+                "github_assigned_jobs",
+                "Jobs assigned to the scale set (GitHub's statistics)",
+                |s| &s.assigned_jobs,
+            ),
+            (
+                "github_running_jobs",
+                "Jobs running in the scale set (GitHub's statistics)",
+                |s| &s.running_jobs,
+            ),
+        ];
+        if self.github.is_empty() {
+            return Ok(());
+        }
+        for (name, help, read) in counters {
+            let c = ConstCounter::new(0u64);
+            let mut family = e.encode_descriptor(name, help, None, c.metric_type())?;
+            for (forge, stats) in &self.github {
+                let value = read(stats).load(Ordering::Relaxed);
+                ConstCounter::new(value)
+                    .encode(family.encode_family(&[("forge", forge.as_str())])?)?;
+            }
+        }
+        for (name, help, read) in gauges {
+            let g = ConstGauge::new(0i64);
+            let mut family = e.encode_descriptor(name, help, None, g.metric_type())?;
+            for (forge, stats) in &self.github {
+                let value = i64::try_from(read(stats).load(Ordering::Relaxed)).unwrap_or(i64::MAX);
+                ConstGauge::new(value)
+                    .encode(family.encode_family(&[("forge", forge.as_str())])?)?;
+            }
+        }
         Ok(())
     }
 }

@@ -192,6 +192,7 @@ pub async fn build(
         intakes.extend(gitea.intakes());
     }
     forge_commands.push(Arc::new(github.commands(bus.clone())));
+    let github_stats = github.stats();
     intakes.extend(github.intakes(&GitHubParts {
         bus: bus.clone(),
         store: store.clone(),
@@ -249,6 +250,7 @@ pub async fn build(
             .register_collector(Box::new(crate::metrics::SchedulerCollector {
                 dispatcher: gitea.as_ref().map(|g| g.dispatcher.clone()),
                 board: board.clone(),
+                github: github_stats,
                 facade: facade.clone(),
             }));
     }

@@ -150,6 +150,7 @@ async fn github_jobs_become_sealed_assignments_claimed_and_final_once() {
         .await
         .expect("scale set");
     let listener = || Listener {
+        stats: Default::default(),
         client: client(&fake),
         scale_set: set.id,
         owner: "scheduler-test".into(),
@@ -351,6 +352,7 @@ async fn jobs_without_a_request_id_get_one_assignment_claim_and_terminal_naming_
         .await
         .expect("scale set");
     let listener = Listener {
+        stats: Default::default(),
         client: client(&fake),
         scale_set: set.id,
         owner: "scheduler-test".into(),

@@ -37,6 +37,8 @@ pub struct GitHubForge {
     pub max_runners: u32,
     pub max_duration: Duration,
     pub guard: Option<Guard>,
+    /// What its listener did (the scheduler's metrics read it).
+    pub stats: Arc<jr_github::ListenerStats>,
 }
 
 /// The REST client's credentials of `entry`, read from the config and its files.
@@ -115,6 +117,7 @@ impl GitHubForge {
                 .unwrap_or_else(|| u32::try_from(default_max).unwrap_or(u32::MAX)),
             max_duration: backend_config.max_duration,
             guard,
+            stats: Default::default(),
         })
     }
 
@@ -154,6 +157,7 @@ impl GitHubForge {
             };
             self.report(board.as_deref(), None);
             let listener = Listener {
+                stats: self.stats.clone(),
                 client: self.client.clone(),
                 scale_set,
                 owner: owner.clone(),

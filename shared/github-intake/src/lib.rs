@@ -54,6 +54,14 @@ impl GitHub {
         }
     }
 
+    /// Each entry's listener statistics, by `[[github]]` name (for the metrics).
+    pub fn stats(&self) -> Vec<(String, Arc<jr_github::ListenerStats>)> {
+        self.forges
+            .iter()
+            .map(|f| (f.entry.name.clone(), f.stats.clone()))
+            .collect()
+    }
+
     /// The forge's answer to `fail-task`.
     pub fn commands(&self, bus: Bus) -> GitHubCommands {
         GitHubCommands {

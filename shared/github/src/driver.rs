@@ -12,6 +12,8 @@
 //!   the next message, never undone.
 
 use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use jr_retry::Backoff;
@@ -128,7 +130,37 @@ impl ListenError {
 /// The longest wait between two tries of the same thing.
 const MAX_DELAY: Duration = Duration::from_secs(30);
 
+/// What a listener did, for metrics (read at scrape time).
+#[derive(Debug, Default)]
+pub struct ListenerStats {
+    /// Message sessions opened or resumed.
+    pub sessions: AtomicU64,
+    /// Messages handled (deleted after their actions).
+    pub messages: AtomicU64,
+    pub jobs_assigned: AtomicU64,
+    pub jobs_started: AtomicU64,
+    pub jobs_completed: AtomicU64,
+    /// Runners made (a JIT config and a published assignment).
+    pub runners_made: AtomicU64,
+    pub acquire_failures: AtomicU64,
+    pub jit_failures: AtomicU64,
+    /// Runners published and not known to have taken a job (this process's view).
+    pub runners_idle: AtomicU64,
+    /// Jobs the listener holds an assignment for.
+    pub jobs_held: AtomicU64,
+    /// The service's latest statistics: jobs available, assigned and running in the scale set.
+    pub available_jobs: AtomicU64,
+    pub assigned_jobs: AtomicU64,
+    pub running_jobs: AtomicU64,
+}
+
+fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
 pub struct Listener<S> {
+    /// What it did (metrics); shared with whoever reads them.
+    pub stats: Arc<ListenerStats>,
     pub client: ScaleSetClient,
     pub scale_set: i64,
     pub owner: String,
@@ -146,6 +178,20 @@ fn backoff() -> Backoff {
 }
 
 impl<S: Sink> Listener<S> {
+    /// The gauges: what the listener holds, and the service's latest statistics.
+    fn observe(&self, session: &MessageSession, state: &ListenerState) {
+        let stats = &self.stats;
+        let set = |gauge: &AtomicU64, value: i64| {
+            gauge.store(u64::try_from(value).unwrap_or(0), Ordering::Relaxed);
+        };
+        set(&stats.runners_idle, state.idle_runners() as i64);
+        set(&stats.jobs_held, state.tracked().len() as i64);
+        let s = session.statistics();
+        set(&stats.available_jobs, s.total_available_jobs);
+        set(&stats.assigned_jobs, s.total_assigned_jobs);
+        set(&stats.running_jobs, s.total_running_jobs);
+    }
+
     /// Resumes the saved session, or opens a new one. Transient failures and a session
     /// conflict (another listener's session, or our own earlier one the service still holds)
     /// are tried again until `stop`.
@@ -263,6 +309,7 @@ impl<S: Sink> Listener<S> {
         let Some(mut session) = self.session(&stop).await? else {
             return Ok(());
         };
+        bump(&self.stats.sessions);
         let mut saved_session = session.id().to_owned();
         let mut state = ListenerState::new(&self.forge, Default::default());
         let mut backoff = backoff();
@@ -357,6 +404,7 @@ impl<S: Sink> Listener<S> {
     /// message handled again) or another open assignment holds the job (a re-sent message).
     /// `true` when `assignment`'s runner is published.
     async fn assign(&self, assignment: &str, job: &JobFacts) -> Result<bool, ListenError> {
+        bump(&self.stats.jobs_assigned);
         if self.sink.published(assignment).await? {
             return Ok(true);
         }
@@ -382,7 +430,11 @@ impl<S: Sink> Listener<S> {
             self.sink.refused(assignment, job, &reason).await?;
             return Ok(false);
         }
-        let jit = match self.jit(assignment).await {
+        let jit = self.jit(assignment).await;
+        if jit.is_err() {
+            bump(&self.stats.jit_failures);
+        }
+        let jit = match jit {
             Ok(jit) => jit,
             Err(error) if !error.is_transient() && !matches!(error.status(), Some(401 | 409)) => {
                 let reason = format!("GitHub refused to make its runner: {error}");
@@ -393,6 +445,7 @@ impl<S: Sink> Listener<S> {
             Err(error) => return Err(error.into()),
         };
         self.sink.assign(assignment, job, &jit).await?;
+        bump(&self.stats.runners_made);
         Ok(true)
     }
 
@@ -473,10 +526,12 @@ impl<S: Sink> Listener<S> {
                 Action::Acquire(ids) => match session.acquire(&ids).await {
                     Ok(granted) => state.acquire_answered(&ids, &granted),
                     Err(error) if error.is_transient() || error.status() == Some(401) => {
+                        bump(&self.stats.acquire_failures);
                         return Err(error.into());
                     }
                     // Refused for good: none granted; the offers are forgotten.
                     Err(error) => {
+                        bump(&self.stats.acquire_failures);
                         tracing::warn!(%error, "acquire refused");
                         state.acquire_answered(&ids, &[]);
                     }
@@ -495,6 +550,7 @@ impl<S: Sink> Listener<S> {
                     runner_name,
                     runner_id,
                 } => {
+                    bump(&self.stats.jobs_started);
                     self.sink
                         .claimed(&job, &assignment, &runner_name, runner_id)
                         .await?;
@@ -504,6 +560,7 @@ impl<S: Sink> Listener<S> {
                     assignment,
                     outcome,
                 } => {
+                    bump(&self.stats.jobs_completed);
                     self.sink.finished(&job, &assignment, &outcome).await?;
                 }
                 Action::Withdraw {
@@ -516,6 +573,8 @@ impl<S: Sink> Listener<S> {
                     session.delete_message(id).await?;
                     // The commit point: the message is gone and its actions are done.
                     self.save(session).await;
+                    bump(&self.stats.messages);
+                    self.observe(session, state);
                 }
             }
         }

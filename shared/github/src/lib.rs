@@ -22,7 +22,7 @@ mod session;
 pub mod wire;
 
 pub use client::{Credentials, ScaleSetClient, Settings};
-pub use driver::{ListenError, Listener, Sink, SinkError};
+pub use driver::{ListenError, Listener, ListenerStats, Sink, SinkError};
 pub use error::GitHubError;
 pub use retry::RetryPolicy;
 pub use scope::{ConfigUrl, Scope};

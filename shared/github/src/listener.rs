@@ -142,6 +142,11 @@ impl ListenerState {
         self.idle.remove(assignment);
     }
 
+    /// Runners published and not known to have taken a job.
+    pub fn idle_runners(&self) -> usize {
+        self.idle.len()
+    }
+
     pub fn tracked(&self) -> &BTreeMap<String, Tracked> {
         &self.jobs
     }

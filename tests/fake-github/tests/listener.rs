@@ -313,6 +313,7 @@ async fn start(acquire_step: bool, capacity: usize) -> Run {
 
 fn listener(run: &Run) -> Listener<Shared> {
     Listener {
+        stats: Default::default(),
         client: client(&run.fake),
         scale_set: run.scale_set,
         owner: "jr-test".into(),

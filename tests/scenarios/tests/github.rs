@@ -85,6 +85,32 @@ async fn github_and_gitea_jobs_side_by_side_finish_once_and_leave_nothing_behind
         "{starts} GitHub runner starts for {} jobs:\n{log}",
         jobs.len() - cancelled.len()
     );
+    // The listener's metrics count what happened: every job that ran completed, and it made a
+    // runner for each of them.
+    let metrics = reqwest::get(format!(
+        "http://127.0.0.1:{}/metrics",
+        system.ports.scheduler_ops
+    ))
+    .await?
+    .text()
+    .await?;
+    let sample = |name: &str| -> u64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}{{forge=\"gh\"}} ")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let ran = (jobs.len() - cancelled.len()) as u64;
+    assert!(
+        sample("jetrunner_github_jobs_completed_total") >= ran,
+        "completed: {metrics}"
+    );
+    assert!(
+        sample("jetrunner_github_runners_made_total") >= ran,
+        "runners made: {metrics}"
+    );
+    assert!(sample("jetrunner_github_sessions_total") >= 1, "{metrics}");
     Ok(())
 }
 
