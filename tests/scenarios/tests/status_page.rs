@@ -114,9 +114,14 @@ fn table_rows_are_read_from_a_dom_dump() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_status_page_shows_what_the_api_says_in_a_real_browser() -> anyhow::Result<()> {
+    // The Pod backend through one provider, drained before the screenshot.
     let mut system = System::start(SystemSpec {
         pod_capacity: 2,
         vm_capacity: 1,
+        extra_toml: format!(
+            "\n[[backend.pod.providers]]\nname = \"main\"\nkubernetes = {{ namespace = \"{}\" }}\n",
+            jr_scenarios::system::JOBS_NAMESPACE
+        ),
         ..Default::default()
     })
     .await?;
@@ -132,6 +137,28 @@ async fn the_status_page_shows_what_the_api_says_in_a_real_browser() -> anyhow::
     );
     if let Err(e) = system
         .wait_jobs_final(&quick, Duration::from_secs(60))
+        .await
+    {
+        anyhow::bail!("{e}\n{}", system.logs());
+    }
+    // A job whose steps fail, for the recent failures.
+    let failing = system.forge.enqueue_jobs(
+        jr_fake_forge::JobSpec {
+            repo: "acme/widgets".into(),
+            name: "flaky-test".into(),
+            runs_on: vec!["vm".into()],
+            vars: [(
+                jr_fake_executor::VAR_OUTCOME.to_owned(),
+                "failure".to_owned(),
+            )]
+            .into_iter()
+            .collect(),
+            ..Default::default()
+        },
+        1,
+    );
+    if let Err(e) = system
+        .wait_jobs_final(&failing, Duration::from_secs(60))
         .await
     {
         anyhow::bail!("{e}\n{}", system.logs());
@@ -363,8 +390,38 @@ async fn the_status_page_shows_what_the_api_says_in_a_real_browser() -> anyhow::
         assert_eq!(row[4], service, "{row:?}");
     }
 
-    // The screenshot: the overview with the jobs running and waiting, and the quick job's
-    // timeline.
+    // The failed job is among the recent failures, with its result.
+    let failures = table_rows(&dom, "failures");
+    assert!(
+        failures
+            .iter()
+            .any(|r| r.get(1).map(String::as_str) == Some("flaky-test")
+                && r.get(8).map(String::as_str) == Some("failure")),
+        "{failures:?}"
+    );
+
+    // Drained at run time, as `jr provider drain pod main` does: the page says so.
+    let admin = jr_bus::Bus::connect(&system.nats.url(), "status-page-test", None).await?;
+    // The reconciler made the bucket at start.
+    let placement = admin
+        .jetstream()
+        .get_key_value(jr_bus::permissions::PLACEMENT_BUCKET)
+        .await?;
+    placement.put("drain.pod.main", "on".into()).await?;
+    let drained = headless(profile.path(), &status_url, &["--dump-dom"])?;
+    let pod_row = table_rows(&drained, "backends")
+        .into_iter()
+        .find(|r| r.first().map(String::as_str) == Some("pod"))
+        .unwrap_or_default();
+    assert!(
+        pod_row
+            .get(5)
+            .is_some_and(|p| p.contains("main") && p.contains("(drained)")),
+        "{pod_row:?}"
+    );
+
+    // The screenshot: the overview with the jobs running and waiting, the charts, a blocked
+    // intake, the job list, the recent failure and the quick job's timeline.
     let shot = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("status-page.png");
     let _ = std::fs::remove_file(&shot);
     headless(
@@ -372,7 +429,7 @@ async fn the_status_page_shows_what_the_api_says_in_a_real_browser() -> anyhow::
         &format!("{status_url}/#{id}"),
         &[
             &format!("--screenshot={}", shot.display()),
-            "--window-size=1200,820",
+            "--window-size=1200,2300",
         ],
     )?;
     let png = std::fs::read(&shot)?;
