@@ -8,7 +8,7 @@
 //! joins the `[[github]]` entries. Each remembers where it was written, so every error names the
 //! key as the file spells it (`forge[2].pat`, not the key it was moved to).
 
-use crate::ConfigError;
+use crate::{Config, ConfigError, ForgeConfig, GitHubConfig, RegistrationLayout};
 
 /// Where each forge came from in the file.
 #[derive(Clone, Debug, Default)]
@@ -164,5 +164,46 @@ fn set_flavor(entry: &mut toml::Table, origin: &str, flavor: &str) -> Result<(),
             format!("{origin}.flavor"),
             format!("contradicts kind = {flavor:?}; give only kind"),
         )),
+    }
+}
+
+impl GitHubConfig {
+    /// Key `key` of this entry as the file spells it (`github[0].pat`, `forge[2].pat`).
+    pub fn key(&self, key: &str) -> String {
+        if self.origin.is_empty() {
+            format!("github.{key}")
+        } else {
+            format!("{}.{key}", self.origin)
+        }
+    }
+}
+
+impl Config {
+    /// Every intake of the scheduler, as keyed in `JR_INTAKES`: its forge registrations, then
+    /// `github.<name>` for each `[[github]]` entry.
+    pub fn intake_names(&self) -> Vec<String> {
+        let mut names = self.registration_names();
+        names.extend(self.github.iter().map(|g| format!("github.{}", g.name)));
+        names
+    }
+
+    /// The Gitea/Forgejo forge, when `[forge]` is configured.
+    pub fn gitea(&self) -> Option<&ForgeConfig> {
+        (!self.forge.url.is_empty()).then_some(&self.forge)
+    }
+
+    /// The names of the scheduler's forge registrations: `shared`, or each enabled backend's
+    /// (the keys of their leases and of their records in `JR_INTAKES`); none without `[forge]`.
+    pub fn registration_names(&self) -> Vec<String> {
+        if self.gitea().is_none() {
+            return Vec::new();
+        }
+        match self.forge.layout() {
+            RegistrationLayout::Shared => vec!["shared".to_owned()],
+            RegistrationLayout::PerBackend => self
+                .enabled_backends()
+                .map(|(n, _)| n.to_string())
+                .collect(),
+        }
     }
 }

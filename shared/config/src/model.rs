@@ -334,17 +334,6 @@ pub struct GitHubConfig {
     pub origin: String,
 }
 
-impl GitHubConfig {
-    /// Key `key` of this entry as the file spells it (`github[0].pat`, `forge[2].pat`).
-    pub fn key(&self, key: &str) -> String {
-        if self.origin.is_empty() {
-            format!("github.{key}")
-        } else {
-            format!("{}.{key}", self.origin)
-        }
-    }
-}
-
 fn default_scale_set() -> String {
     "jetrunner".to_owned()
 }
@@ -907,34 +896,6 @@ impl Config {
             .iter()
             .filter(|(_, b)| b.enabled)
             .filter_map(|(n, b)| BackendName::new(n.clone()).ok().map(|n| (n, b)))
-    }
-
-    /// Every intake of the scheduler, as keyed in `JR_INTAKES`: its forge registrations, then
-    /// `github.<name>` for each `[[github]]` entry.
-    pub fn intake_names(&self) -> Vec<String> {
-        let mut names = self.registration_names();
-        names.extend(self.github.iter().map(|g| format!("github.{}", g.name)));
-        names
-    }
-
-    /// The Gitea/Forgejo forge, when `[forge]` is configured.
-    pub fn gitea(&self) -> Option<&ForgeConfig> {
-        (!self.forge.url.is_empty()).then_some(&self.forge)
-    }
-
-    /// The names of the scheduler's forge registrations: `shared`, or each enabled backend's
-    /// (the keys of their leases and of their records in `JR_INTAKES`); none without `[forge]`.
-    pub fn registration_names(&self) -> Vec<String> {
-        if self.gitea().is_none() {
-            return Vec::new();
-        }
-        match self.forge.layout() {
-            RegistrationLayout::Shared => vec!["shared".to_owned()],
-            RegistrationLayout::PerBackend => self
-                .enabled_backends()
-                .map(|(n, _)| n.to_string())
-                .collect(),
-        }
     }
 }
 
