@@ -62,6 +62,17 @@ impl Origins {
 
 const KINDS: &str = "one of \"gitea\", \"forgejo\", \"github\"";
 
+/// Keys only a GitHub entry has: an entry without `kind` that has one is a GitHub one.
+const GITHUB_KEYS: [&str; 7] = [
+    "backend",
+    "scale_set",
+    "runner_group",
+    "pat",
+    "pat_file",
+    "app_id",
+    "api_url",
+];
+
 /// Rewrites `[[forge]]` entries into the `[forge]` table and `[[github]]` entries.
 pub(crate) fn normalize(table: &mut toml::Table) -> Result<Origins, ConfigError> {
     let mut origins = Origins::default();
@@ -101,9 +112,21 @@ pub(crate) fn normalize(table: &mut toml::Table) -> Result<Origins, ConfigError>
         let toml::Value::Table(mut entry) = entry else {
             return Err(ConfigError::key(origin, "expected a table"));
         };
-        let kind = entry.remove("kind").ok_or_else(|| {
-            ConfigError::key(format!("{origin}.kind"), format!("missing: {KINDS}"))
-        })?;
+        // Without a kind, an entry with a scale set's keys is a GitHub one; any other is a
+        // Gitea/Forgejo forge (whose `flavor`, default gitea, says which).
+        let kind = match entry.remove("kind") {
+            Some(kind) => kind,
+            None if GITHUB_KEYS.iter().any(|k| entry.contains_key(*k)) => {
+                toml::Value::String("github".to_owned())
+            }
+            None => toml::Value::String(
+                entry
+                    .get("flavor")
+                    .and_then(toml::Value::as_str)
+                    .unwrap_or("gitea")
+                    .to_owned(),
+            ),
+        };
         match kind.as_str() {
             Some("github") => {
                 origins.github.push(origin);

@@ -641,10 +641,14 @@ fn bad_forge_entries_are_refused_with_the_key_as_written() {
     let gitea_entry =
         "\n[[forge]]\nkind = \"gitea\"\nurl = \"http://g:3000\"\nregistration_token = \"t\"\n";
     for (bad, key, says) in [
+        // Without a kind, an entry with GitHub's keys is a GitHub one, and its errors say so.
         (
-            FORGE_ENTRIES.replace("kind = \"forgejo\"\n", ""),
-            "forge[1].kind",
-            "missing",
+            FORGE_ENTRIES.replace("kind = \"forgejo\"\n", "").replace(
+                "registration_token = \"abc\"",
+                "registration_token = \"abc\"\nbackend = \"pod\"",
+            ),
+            "forge[1]",
+            "unknown field `registration_token`",
         ),
         (
             FORGE_ENTRIES.replace("kind = \"forgejo\"", "kind = \"gitlab\""),
@@ -824,4 +828,19 @@ fn runner_blocks_are_checked_by_every_binary() {
     let err = load_env(&with_block("vm", "{ image = \"runner:1\" }"), &[])
         .expect_err("a vm backend has no runner block");
     assert!(err.to_string().contains("backend.vm.runner"), "{err}");
+}
+
+#[test]
+fn a_forge_entry_without_a_kind_is_read_by_its_keys() {
+    let entries = FORGE_ENTRIES
+        .replace("kind = \"github\"\n", "")
+        .replace("kind = \"forgejo\"\n", "flavor = \"forgejo\"\n");
+    let c = load_env(&format!("{}{entries}", without_forge_table()), &[])
+        .expect("kinds read from the keys");
+    assert_eq!(c.gitea().map(|f| f.flavor), Some(ForgeFlavor::Forgejo));
+    assert_eq!(c.github.len(), 2);
+    let gitea_only = "[[forge]]\nurl = \"http://g:3000\"\nregistration_token = \"t\"\n";
+    let c = load_env(&format!("{}{gitea_only}", without_forge_table()), &[])
+        .expect("a Gitea entry without a kind");
+    assert_eq!(c.gitea().map(|f| f.flavor), Some(ForgeFlavor::Gitea));
 }
