@@ -96,6 +96,11 @@ impl JobQuery {
     }
 }
 
+/// An answer the API gives instead of its figures: `{"error": …}` with `status`.
+fn refused(status: StatusCode, error: String) -> Response {
+    (status, Json(serde_json::json!({ "error": error }))).into_response()
+}
+
 pub async fn jobs(
     State(s): State<Arc<StatusState>>,
     query: Result<Query<JobQuery>, axum::extract::rejection::QueryRejection>,
@@ -105,21 +110,11 @@ pub async fn jobs(
         .and_then(|Query(q)| q.filter())
     {
         Ok(filter) => filter,
-        Err(error) => {
-            return (
-                StatusCode::BAD_REQUEST,
-                Json(serde_json::json!({ "error": error })),
-            )
-                .into_response();
-        }
+        Err(error) => return refused(StatusCode::BAD_REQUEST, error),
     };
     match s.store.jobs(&filter).await {
         Ok(page) => Json(page).into_response(),
-        Err(e) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            Json(serde_json::json!({ "error": e.to_string() })),
-        )
-            .into_response(),
+        Err(e) => refused(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     }
 }
 
@@ -163,11 +158,7 @@ pub async fn history(
             "backends": backends,
         }))
         .into_response(),
-        Err(e) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            Json(serde_json::json!({ "error": e.to_string() })),
-        )
-            .into_response(),
+        Err(e) => refused(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     }
 }
 

@@ -137,6 +137,7 @@ async fn status(State(s): State<Arc<StatusState>>) -> Response {
         Err(e) => return internal(e),
     };
     let now = jr_protocol::now_ms();
+    let drains = drained_providers(&s.bus, &s.provider_capacity).await;
     let mut backends = Vec::new();
     for (name, capacity) in &s.capacity {
         let queue_depth = s
@@ -169,7 +170,11 @@ async fn status(State(s): State<Arc<StatusState>>) -> Response {
         for provider in provider_capacity.keys() {
             providers.entry(provider.clone()).or_insert(0);
         }
-        let drained = drained_providers(&s.bus, name, provider_capacity.keys()).await;
+        let drained = drains
+            .iter()
+            .filter(|(backend, _)| backend == name)
+            .map(|(_, provider)| provider.clone())
+            .collect();
         backends.push(BackendStatus {
             name: name.clone(),
             capacity: *capacity,
@@ -221,32 +226,40 @@ async fn burst_switch(bus: &jr_bus::Bus) -> serde_json::Value {
     })
 }
 
-/// The providers of `backend` whose run-time drain switch (`JR_PLACEMENT`) drains them, read
-/// as the workers read it; none when the bucket cannot be read.
+/// `(backend, provider)` of every configured provider whose run-time drain switch
+/// (`JR_PLACEMENT`) drains it, read as the workers read it: one bucket, read once a request and
+/// within [`INTAKES_TIMEOUT`] (a NATS that does not answer leaves the list empty rather than
+/// holding up the figures from Postgres).
 async fn drained_providers(
     bus: &jr_bus::Bus,
-    backend: &str,
-    providers: impl Iterator<Item = &String>,
-) -> Vec<String> {
-    let Ok(store) = bus
-        .jetstream()
-        .get_key_value(jr_bus::permissions::PLACEMENT_BUCKET)
-        .await
-    else {
-        return Vec::new();
-    };
-    let mut drained = Vec::new();
-    for provider in providers {
-        let value = store
-            .get(jr_placement::drain_key(backend, provider))
+    providers: &BTreeMap<String, BTreeMap<String, usize>>,
+) -> Vec<(String, String)> {
+    let read = async {
+        let store = bus
+            .jetstream()
+            .get_key_value(jr_bus::permissions::PLACEMENT_BUCKET)
             .await
-            .ok()
-            .flatten();
-        if jr_placement::interpret_drain(value.as_deref()).0 {
-            drained.push(provider.clone());
+            .ok()?;
+        let mut drained = Vec::new();
+        for (backend, names) in providers {
+            for provider in names.keys() {
+                let value = store
+                    .get(jr_placement::drain_key(backend, provider))
+                    .await
+                    .ok()
+                    .flatten();
+                if jr_placement::interpret_drain(value.as_deref()).0 {
+                    drained.push((backend.clone(), provider.clone()));
+                }
+            }
         }
-    }
-    drained
+        Some(drained)
+    };
+    tokio::time::timeout(INTAKES_TIMEOUT, read)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or_default()
 }
 
 /// Most recent quarantined messages shown (newest first).
