@@ -290,8 +290,7 @@ impl Dispatcher {
             if error.publish_failure() == Some(jr_bus::PublishFailure::StreamFull) {
                 if full_since.is_none() {
                     full_since = Some(Instant::now());
-                    self.stats.stream_full.fetch_add(1, Ordering::Relaxed);
-                    self.stats.intake_blocked.fetch_add(1, Ordering::AcqRel);
+                    // Counted once the reason is logged: whoever sees the gauge finds the line.
                     let limits = stream_limits_text(&self.bus, STREAM_ASSIGNMENTS).await;
                     tracing::error!(
                         stream = STREAM_ASSIGNMENTS,
@@ -301,6 +300,8 @@ impl Dispatcher {
                          waits (kept alive at the forge) and the rest stay queued there until the \
                          stream has room (messages age out, or raise nats.streams limits)"
                     );
+                    self.stats.stream_full.fetch_add(1, Ordering::Relaxed);
+                    self.stats.intake_blocked.fetch_add(1, Ordering::AcqRel);
                 }
                 if Instant::now() >= next_keepalive {
                     next_keepalive = Instant::now() + self.unclaimed.interval();

@@ -84,11 +84,25 @@ async fn a_full_assignment_stream_pauses_intake_and_loses_nothing() -> anyhow::R
         anyhow::bail!("{e}\n{}", system.logs());
     }
     let blocked_at = Instant::now();
-    let log = std::fs::read_to_string(system.scheduler.log_path())?;
-    let line = log
-        .lines()
-        .find(|l| l.contains("stream JR_ASSIGNMENTS is full"))
-        .ok_or_else(|| anyhow::anyhow!("no log line names the full stream:\n{log}"))?;
+    // The line is written as the gauge rises; the log file may trail it by a moment.
+    let full_line = || -> anyhow::Result<Option<String>> {
+        Ok(std::fs::read_to_string(system.scheduler.log_path())?
+            .lines()
+            .find(|l| l.contains("stream JR_ASSIGNMENTS is full"))
+            .map(str::to_owned))
+    };
+    let logged = eventually("the full stream logged", Duration::from_secs(10), || {
+        let found = full_line().map(|l| l.is_some());
+        async move { found }
+    })
+    .await;
+    if let Err(e) = logged {
+        anyhow::bail!(
+            "{e}: no log line names the full stream:\n{}",
+            std::fs::read_to_string(system.scheduler.log_path())?
+        );
+    }
+    let line = full_line()?.unwrap_or_default();
     assert!(
         line.contains(&format!("{ROOM}/{ROOM} messages")),
         "the log line does not give the limit: {line}"
