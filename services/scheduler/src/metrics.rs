@@ -274,7 +274,7 @@ impl<L: Ledger> SchedulerCollector<L> {
     fn encode_github(&self, e: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
         use jr_github::ListenerStats;
         type Read = fn(&ListenerStats) -> &std::sync::atomic::AtomicU64;
-        let counters: [(&str, &str, Read); 8] = [
+        let counters: [(&str, &str, Read); 10] = [
             (
                 "github_sessions",
                 "Message sessions opened or resumed",
@@ -311,16 +311,31 @@ impl<L: Ledger> SchedulerCollector<L> {
                 "JIT runner configs GitHub did not make",
                 |s| &s.jit_failures,
             ),
+            (
+                "github_runners_removed",
+                "Idle runners removed beyond min_idle while the scale set was idle",
+                |s| &s.runners_removed,
+            ),
+            (
+                "github_runners_lost",
+                "Runners found gone before they took a job (made again while jobs wait)",
+                |s| &s.runners_lost,
+            ),
         ];
-        let gauges: [(&str, &str, Read); 5] = [
+        let gauges: [(&str, &str, Read); 6] = [
             (
                 "github_runners_idle",
                 "Runners made and not known to have taken a job",
                 |s| &s.runners_idle,
             ),
             (
+                "github_runners_busy",
+                "Runners GitHub holds busy with a job",
+                |s| &s.runners_busy,
+            ),
+            (
                 "github_jobs_held",
-                "Jobs the listener holds an assignment for",
+                "Jobs assigned to the scale set and not over, as the listener saw them",
                 |s| &s.jobs_held,
             ),
             (

@@ -10,7 +10,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use jr_bus::async_nats::jetstream::kv;
 use jr_fake_github::{FakeGitHub, JobSpec, JobState};
 use jr_github::wire::JobFacts;
 use jr_github::{Credentials, Listener, RetryPolicy, ScaleSetClient, Settings};
@@ -77,16 +76,23 @@ async fn count(world: &World, stream: &str, subject: &str) -> u64 {
     total
 }
 
-/// The assignments the sink published, by the job index in `JR_SCHEDULER`.
-async fn published(store: &kv::Store) -> BTreeSet<String> {
-    let mut keys = store.keys().await.expect("keys");
+/// The assignments the sink published: the subjects of `JR_ASSIGNMENTS` on the backend.
+async fn published(world: &World) -> BTreeSet<String> {
+    let stream = world
+        .bus
+        .jetstream()
+        .get_stream(STREAM_ASSIGNMENTS)
+        .await
+        .expect("stream");
+    let mut info = stream
+        .info_with_subjects("jr.assignment.pod.>")
+        .await
+        .expect("info");
     let mut ids = BTreeSet::new();
-    while let Some(key) = futures::StreamExt::next(&mut keys).await {
-        let key = key.expect("key");
-        if key.starts_with(&format!("github.{FORGE}.job.")) {
-            let value = store.get(&key).await.expect("get").expect("value");
-            ids.insert(String::from_utf8_lossy(&value).into_owned());
-        }
+    while let Some(entry) = futures::StreamExt::next(&mut info).await {
+        let (subject, _) = entry.expect("subject");
+        let id = subject.rsplit('.').next().expect("id").to_owned();
+        ids.insert(assignment_id(&id).expect("id").0.simple().to_string());
     }
     ids
 }
@@ -95,12 +101,11 @@ async fn published(store: &kv::Store) -> BTreeSet<String> {
 /// runner on the fake, which then finishes its job (`failed` for every third).
 async fn workloads(
     world: &World,
-    store: &kv::Store,
     sealer: &Sealer,
     fake: &FakeGitHub,
     started: &mut BTreeSet<String>,
 ) {
-    for listener_id in published(store).await {
+    for listener_id in published(world).await {
         if started.contains(&listener_id) {
             continue;
         }
@@ -156,6 +161,7 @@ async fn github_jobs_become_sealed_assignments_claimed_and_final_once() {
         owner: "scheduler-test".into(),
         forge: FORGE.into(),
         max_capacity: 10,
+        min_idle: 0,
         work_folder: "_work".into(),
         guard: None,
         sink: JetStreamSink {
@@ -163,6 +169,8 @@ async fn github_jobs_become_sealed_assignments_claimed_and_final_once() {
             kv: store.clone(),
             assignments: jr_intake::sink::AssignmentSink::new(world.bus.clone(), sealer.clone()),
             forge: FORGE.into(),
+            scope: "acme".into(),
+            labels: vec!["jetrunner".into()],
             backend: pod(),
             max_duration: Duration::from_secs(3600),
             room: jr_github_intake::ledger::Room::Fixed(10),
@@ -193,7 +201,7 @@ async fn github_jobs_become_sealed_assignments_claimed_and_final_once() {
             tokio::time::Instant::now() < deadline,
             "jobs not final in time"
         );
-        workloads(&world, &store, &sealer, &fake, &mut started).await;
+        workloads(&world, &sealer, &fake, &mut started).await;
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     // Stopped without deleting the session, as a crash leaves it; a new listener resumes it.
@@ -212,16 +220,16 @@ async fn github_jobs_become_sealed_assignments_claimed_and_final_once() {
             tokio::time::Instant::now() < deadline,
             "jobs after the restart not final in time"
         );
-        workloads(&world, &store, &sealer, &fake, &mut started).await;
+        workloads(&world, &sealer, &fake, &mut started).await;
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     // The last terminals may still be on their way to the bus.
-    let ids: Vec<AssignmentId> = published(&store)
+    let ids: Vec<AssignmentId> = published(&world)
         .await
         .iter()
         .map(|i| assignment_id(i).expect("id"))
         .collect();
-    assert_eq!(ids.len(), jobs.len(), "one assignment per job in the index");
+    assert_eq!(ids.len(), jobs.len(), "one runner per job");
     // On the stream itself: as many assignment messages as jobs, one per subject.
     assert_eq!(
         count(&world, STREAM_ASSIGNMENTS, "jr.assignment.pod.>").await,
@@ -358,6 +366,7 @@ async fn jobs_without_a_request_id_get_one_assignment_claim_and_terminal_naming_
         owner: "scheduler-test".into(),
         forge: FORGE.into(),
         max_capacity: 10,
+        min_idle: 0,
         work_folder: "_work".into(),
         guard: None,
         sink: JetStreamSink {
@@ -365,6 +374,8 @@ async fn jobs_without_a_request_id_get_one_assignment_claim_and_terminal_naming_
             kv: store.clone(),
             assignments: jr_intake::sink::AssignmentSink::new(world.bus.clone(), sealer.clone()),
             forge: FORGE.into(),
+            scope: "acme".into(),
+            labels: vec!["jetrunner".into()],
             backend: pod(),
             max_duration: Duration::from_secs(3600),
             room: jr_github_intake::ledger::Room::Fixed(10),
@@ -406,15 +417,15 @@ async fn jobs_without_a_request_id_get_one_assignment_claim_and_terminal_naming_
             tokio::time::Instant::now() < deadline,
             "jobs not final in time"
         );
-        workloads(&world, &store, &sealer, &fake, &mut started).await;
+        workloads(&world, &sealer, &fake, &mut started).await;
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let ids: Vec<AssignmentId> = published(&store)
+    let ids: Vec<AssignmentId> = published(&world)
         .await
         .iter()
         .map(|i| assignment_id(i).expect("id"))
         .collect();
-    assert_eq!(ids.len(), jobs.len(), "one assignment per job in the index");
+    assert_eq!(ids.len(), jobs.len(), "one runner per job");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     for id in &ids {
         let terminal = subject::event(&pod(), *id, Kind::Terminal);
@@ -429,7 +440,6 @@ async fn jobs_without_a_request_id_get_one_assignment_claim_and_terminal_naming_
     stop.cancel();
     running.await.expect("join").expect("listener");
 
-    let mut made_for = BTreeSet::new();
     let mut ran = BTreeSet::new();
     for id in &ids {
         let subjects = [
@@ -453,13 +463,9 @@ async fn jobs_without_a_request_id_get_one_assignment_claim_and_terminal_naming_
         else {
             panic!("not a terminal");
         };
-        // The assignment names the job its runner was made for; the claim and the terminal
-        // name the job that runner took, which is one of the six.
-        assert!(
-            named.contains_key(&assignment.forge_task_id),
-            "assignment {id} names no job: {}",
-            assignment.forge_task_id
-        );
+        // A runner is made for the scale set, not for a job: its assignment names none. The
+        // claim and the terminal name the job that runner took, which is one of the six.
+        assert_eq!(assignment.forge_task_id, 0, "assignment {id} names a job");
         assert_eq!(claimed.forge_task_id, terminal.forge_task_id, "{id}");
         let request = named
             .get(&terminal.forge_task_id)
@@ -470,10 +476,8 @@ async fn jobs_without_a_request_id_get_one_assignment_claim_and_terminal_naming_
             TaskResult::Success
         };
         assert_eq!(terminal.result, expected, "job {request}");
-        made_for.insert(assignment.forge_task_id);
         ran.insert(terminal.forge_task_id);
     }
     let every_job: BTreeSet<i64> = named.keys().copied().collect();
-    assert_eq!(made_for, every_job, "an assignment for every job");
     assert_eq!(ran, every_job, "a claim and a terminal for every job");
 }

@@ -103,8 +103,12 @@ async fn only_the_schedulers_own_assignments_are_redispatched_and_only_once() {
             bus.run_consumer(
                 &ConsumerSpec::scheduler_commands(),
                 move |d| {
-                    let (bus, sealer) = (handler_bus.clone(), sealer.clone());
-                    async move { jr_scheduler::commands::redispatch::handle(&bus, &sealer, d).await }
+                    let ctx = jr_scheduler::commands::Context {
+                        bus: handler_bus.clone(),
+                        forges: Vec::new(),
+                        sealer: sealer.clone(),
+                    };
+                    async move { jr_scheduler::commands::redispatch::handle(&ctx, d).await }
                 },
                 ConsumerOptions::default(),
                 stop,

@@ -311,6 +311,10 @@ pub struct GitHubConfig {
     /// capacity.
     #[serde(default)]
     pub max_runners: Option<u32>,
+    /// Idle runners kept registered and ready for the scale set's next jobs (warm runners),
+    /// beyond the jobs waiting; they hold backend slots. Default 0.
+    #[serde(default)]
+    pub min_idle: u32,
     /// A personal access token (or `pat_file`); or the three `app_*` keys.
     #[serde(default)]
     pub pat: Option<String>,

@@ -121,6 +121,25 @@ impl Config {
             if g.max_runners == Some(0) {
                 return Err(ConfigError::key(key("max_runners"), "must be at least 1"));
             }
+            if let Some(max) = g.max_runners
+                && g.min_idle > max
+            {
+                return Err(ConfigError::key(
+                    key("min_idle"),
+                    format!("{} is more than max_runners ({max})", g.min_idle),
+                ));
+            }
+            if let Some(b) = self.backend.get(&g.backend)
+                && g.min_idle as usize > b.capacity
+            {
+                return Err(ConfigError::key(
+                    key("min_idle"),
+                    format!(
+                        "{} is more than backend {:?}'s capacity ({})",
+                        g.min_idle, g.backend, b.capacity
+                    ),
+                ));
+            }
             let pat = g.pat.is_some() || g.pat_file.is_some();
             let app = [
                 g.app_id.is_some(),

@@ -3,7 +3,9 @@
 //! while GitHub holds the runner busy, or while the runner is gone after its job (that job's
 //! `JobCompleted` ends the assignment); a runner that never took a job is removed from GitHub,
 //! so it cannot take one, and its assignment ends as `withdrawn` (the job it was made for runs
-//! on another runner).
+//! on another runner, one the listener makes because the runner count no longer covers the
+//! jobs waiting). A redispatch of a GitHub assignment is answered the same way: a runner's
+//! registration works once, so the same runner cannot be started again.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -39,6 +41,10 @@ impl ForgeCommands for GitHubCommands {
 
     fn fail_task<'a>(&'a self, lost: LostTask<'a>) -> BoxFuture<'a, Disposition> {
         Box::pin(fail_task(self, lost))
+    }
+
+    fn ends_lost_attempts(&self) -> bool {
+        true
     }
 }
 

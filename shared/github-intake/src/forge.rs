@@ -121,6 +121,14 @@ impl GitHubForge {
         })
     }
 
+    /// Where the runners register, as the assignments name it: the path of `url`
+    /// (`acme`, `acme/app`, `enterprises/big`).
+    fn scope(&self) -> String {
+        url::Url::parse(&self.entry.url)
+            .map(|u| u.path().trim_matches('/').to_owned())
+            .unwrap_or_else(|_| self.entry.url.clone())
+    }
+
     /// The intake's name on the board and in `JR_INTAKES`.
     pub fn intake(&self) -> String {
         format!("github.{}", self.entry.name)
@@ -163,6 +171,7 @@ impl GitHubForge {
                 owner: owner.clone(),
                 forge: name.clone(),
                 max_capacity: self.max_runners,
+                min_idle: self.entry.min_idle,
                 work_folder: self.entry.work_folder.clone(),
                 guard: self.guard.clone(),
                 sink: JetStreamSink {
@@ -170,6 +179,10 @@ impl GitHubForge {
                     kv: kv.clone(),
                     assignments: assignments.clone(),
                     forge: name.clone(),
+                    scope: self.scope(),
+                    labels: std::iter::once(self.entry.scale_set.clone())
+                        .chain(self.entry.labels.iter().cloned())
+                        .collect(),
                     backend: self.backend.clone(),
                     max_duration: self.max_duration,
                     room: Room::Backend {

@@ -1,30 +1,27 @@
 //! The GitHub scale set listener's ledger: what `jr_github::Listener` decides, made durable
 //! in JetStream with the same messages a Gitea job produces.
 //!
-//! - An assigned job becomes an assignment on `jr.assignment.<backend>.<id>` (deduplicated by
-//!   message id). Its sealed task is the attempt's JIT runner config, sealed for that
-//!   assignment and backend like a Gitea task, so nothing on the bus can start a runner.
-//! - A GitHub assignment stands for the runner made when its job was assigned: any idle runner
-//!   of the scale set may take any of its jobs. The facade publishes the once-only `claimed`
-//!   when the workload's executor fetches the runner config (as a FetchTask claims a Gitea
-//!   task), so the reconciler's claim timeout is about the workload starting its runner, not
-//!   about GitHub handing the runner a job. `JobStarted` publishes it too, if it is still
-//!   missing. `JobCompleted` is the once-only `terminal` of the assignment of the runner that
-//!   ran the job, naming that job (source `executor`). Its workload, the one that ran the job,
-//!   is then deleted as for a Gitea job.
-//! - Every message names its job by one number, `forge_task_id` = [`JobFacts::task_id`]: the
-//!   job's `runnerRequestId`, or, where github.com sends 0 for it, a negative number derived
-//!   from the job's `jobId` (the protocol's messages carry no other field for a GitHub job
-//!   id). The assignment names the job its runner was made for, the claim and the terminal
-//!   the job the runner took, and the sealed task's scope the assignment's number.
-//! - A runner withdrawn unused (its job ended before it ran) gets a `terminal` with source
-//!   `withdrawn`.
-//! - Which assignment holds a job, and the session cursor, are kept in the scheduler's KV
-//!   bucket `JR_SCHEDULER` (`github.<forge>.job.<key>`, the key being the job's
-//!   `runnerRequestId` or `job-<jobId>` as the listener keys it ([`JobFacts::key`]), and
-//!   `github.<forge>.cursor`), so a restarted scheduler or a new leader goes on where the last
-//!   one stopped.
-//!
+//! - Each runner the listener makes is an assignment on `jr.assignment.<backend>.<id>`
+//!   (deduplicated by message id), named by no job (`forge_task_id` 0): GitHub hands any job
+//!   assigned to the scale set to any idle runner of it. Its sealed task is the runner's JIT
+//!   config, sealed for that assignment and backend like a Gitea task, so nothing on the bus
+//!   can start a runner.
+//! - The facade publishes the once-only `claimed` when the workload's executor fetches the
+//!   runner config (as a FetchTask claims a Gitea task), so the reconciler's claim timeout is
+//!   about the workload starting its runner. `JobStarted` publishes it too, if it is still
+//!   missing, naming the job. `JobCompleted` is the once-only `terminal` of the assignment of
+//!   the runner that ran the job, naming that job (source `executor`). Its workload, the one
+//!   that ran the job, is then deleted as for a Gitea job.
+//! - Jobs are named by one number, `forge_task_id` = [`JobFacts::task_id`]: the job's
+//!   `runnerRequestId`, or, where github.com sends 0 for it, a negative number derived from the
+//!   job's `jobId` (the protocol's messages carry no other field for a GitHub job id).
+//! - A runner removed unused (beyond `min_idle` on an idle scale set) gets a `terminal` with
+//!   source `withdrawn`.
+//! - The runners the listener holds are kept in the scheduler's KV bucket `JR_SCHEDULER`
+//!   (`github.<forge>.runner.<assignment>`: `made` before its JIT config is made, `busy` once
+//!   GitHub says it took a job), and so is the session cursor (`github.<forge>.cursor`), so a
+//!   restarted scheduler or a new leader goes on where the last one stopped. A record whose
+//!   assignment is final is dropped when the runners are next read.
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -33,7 +30,7 @@ use jr_bus::async_nats::jetstream::kv;
 use jr_bus::{Bus, PublishOnce};
 use jr_github::listener::Outcome;
 use jr_github::wire::{JitConfig, JobFacts};
-use jr_github::{Sink, SinkError};
+use jr_github::{RunnerRecord, Sink, SinkError};
 use jr_protocol::{
     AssignmentId, BackendName, Claimed, Envelope, Kind, Message, TaskResult, Terminal,
     TerminalSource, subject,
@@ -59,6 +56,11 @@ pub struct JetStreamSink {
     pub assignments: AssignmentSink,
     /// The forge's name (`[[github]] name`): part of assignment ids and keys.
     pub forge: String,
+    /// Where the scale set's runners register (`acme`, `acme/app`): the assignments'
+    /// repository.
+    pub scope: String,
+    /// The scale set's name and labels: the assignments' labels.
+    pub labels: Vec<String>,
     pub backend: BackendName,
     pub max_duration: Duration,
     pub room: Room,
@@ -84,24 +86,23 @@ fn task_result(outcome: &Outcome) -> TaskResult {
 }
 
 impl JetStreamSink {
-    fn job_key(&self, job: &JobFacts) -> String {
-        format!("github.{}.job.{}", self.forge, job.key())
+    fn runner_prefix(&self) -> String {
+        format!("github.{}.runner.", self.forge)
+    }
+
+    fn runner_key(&self, assignment: &str) -> String {
+        format!("{}{assignment}", self.runner_prefix())
     }
 
     fn cursor_key(&self) -> String {
         format!("github.{}.cursor", self.forge)
     }
 
-    /// The assignment made for `job`, from the job index.
-    async fn resolve(&self, job: &JobFacts) -> Result<Option<AssignmentId>, SinkError> {
-        match self.kv.get(self.job_key(job)).await {
-            Ok(Some(value)) => {
-                let text = String::from_utf8_lossy(&value);
-                assignment_id(text.trim()).map(Some)
-            }
-            Ok(None) => Ok(None),
-            Err(e) => Err(sink_error("job index", e)),
-        }
+    async fn drop_record(&self, assignment: &str) -> Result<(), SinkError> {
+        self.kv
+            .delete(self.runner_key(assignment))
+            .await
+            .map_err(|e| sink_error("runner record", e))
     }
 
     /// The attempt `id`'s assignment is at, if it was published (the listener may name one
@@ -137,14 +138,14 @@ impl JetStreamSink {
     async fn terminal(
         &self,
         assignment: &str,
-        job: &JobFacts,
+        job: Option<&JobFacts>,
         outcome: &Outcome,
         source: TerminalSource,
         reason: Option<String>,
     ) -> Result<(), SinkError> {
         let id = assignment_id(assignment)?;
         let Some(attempt) = self.attempt(id).await? else {
-            tracing::info!(%assignment, job = %job.key(), "a runner this forge did not publish ended; ignored");
+            tracing::info!(%assignment, "a runner this forge did not publish ended; ignored");
             return Ok(());
         };
         let outcome = jr_intake::ours::publish_terminal(
@@ -154,7 +155,7 @@ impl JetStreamSink {
             attempt,
             "github",
             Terminal {
-                forge_task_id: job.task_id(),
+                forge_task_id: job.map_or(0, JobFacts::task_id),
                 result: task_result(outcome),
                 source,
                 log_closed: true,
@@ -162,7 +163,8 @@ impl JetStreamSink {
             },
         )
         .await;
-        settled(id, Kind::Terminal, outcome)
+        settled(id, Kind::Terminal, outcome)?;
+        self.drop_record(assignment).await
     }
 
     async fn once(
@@ -203,63 +205,91 @@ impl Sink for JetStreamSink {
         }
     }
 
-    async fn published(&self, assignment: &str) -> Result<bool, SinkError> {
-        self.is_published(assignment_id(assignment)?).await
-    }
-
-    async fn holder(&self, job: &JobFacts) -> Result<Option<String>, SinkError> {
-        let Some(id) = self.resolve(job).await? else {
-            return Ok(None);
-        };
-        if !self.is_published(id).await? || self.has_event(id, Kind::Terminal).await? {
-            return Ok(None);
+    async fn runners(&self) -> Result<Vec<(String, RunnerRecord)>, SinkError> {
+        use futures::TryStreamExt as _;
+        let prefix = self.runner_prefix();
+        let keys: Vec<String> = self
+            .kv
+            .keys()
+            .await
+            .map_err(|e| sink_error("runner records", e))?
+            .try_filter(|key| std::future::ready(key.starts_with(&prefix)))
+            .try_collect()
+            .await
+            .map_err(|e| sink_error("runner records", e))?;
+        let mut runners = Vec::new();
+        for key in keys {
+            let assignment = key[prefix.len()..].to_owned();
+            let id = assignment_id(&assignment)?;
+            if !self.is_published(id).await? {
+                runners.push((assignment, RunnerRecord::Unpublished));
+                continue;
+            }
+            if self.has_event(id, Kind::Terminal).await? {
+                self.drop_record(&assignment).await?;
+                continue;
+            }
+            let busy = match self.kv.get(&key).await {
+                Ok(value) => value.is_some_and(|v| v.as_ref() == b"busy"),
+                Err(e) => return Err(sink_error("runner record", e)),
+            };
+            let record = if busy {
+                RunnerRecord::Busy
+            } else {
+                RunnerRecord::Free
+            };
+            runners.push((assignment, record));
         }
-        Ok(Some(id.0.simple().to_string()))
+        Ok(runners)
     }
 
-    async fn assign(
-        &self,
-        assignment: &str,
-        job: &JobFacts,
-        jit: &JitConfig,
-    ) -> Result<(), SinkError> {
+    async fn prepare(&self, assignment: &str) -> Result<(), SinkError> {
+        assignment_id(assignment)?;
+        self.kv
+            .put(self.runner_key(assignment), b"made".to_vec().into())
+            .await
+            .map(|_| ())
+            .map_err(|e| sink_error("runner record", e))
+    }
+
+    async fn forget(&self, assignment: &str) -> Result<(), SinkError> {
+        self.drop_record(assignment).await
+    }
+
+    async fn assign(&self, assignment: &str, jit: &JitConfig) -> Result<(), SinkError> {
         let id = assignment_id(assignment)?;
         let task = jr_protocol::RunnerRegistration {
             runner_name: jit.runner.name.clone(),
             jit_config: jit.encoded.clone(),
         };
         let plaintext = serde_json::to_vec(&task).map_err(|e| sink_error("encode", e))?;
-        let workflow = job
-            .job_workflow_ref
-            .split_once("/.github/workflows/")
-            .map(|(_, file)| file.split('@').next().unwrap_or(file).to_owned());
         let envelope = self
             .assignments
             .build(Draft {
                 id,
                 forge: jr_protocol::ForgeKind::GitHub(self.forge.clone()),
-                forge_task_id: job.task_id(),
+                forge_task_id: 0,
                 backend: self.backend.clone(),
                 placement: format!("github scale set of backend {}", self.backend),
-                labels: job.request_labels.clone(),
-                repository: format!("{}/{}", job.owner_name, job.repository_name),
-                workflow,
-                job_name: job.job_display_name.clone(),
+                labels: self.labels.clone(),
+                repository: self.scope.clone(),
+                workflow: None,
+                job_name: jit.runner.name.clone(),
                 max_duration: self.max_duration,
                 plaintext,
                 dedup: "github".to_owned(),
             })
             .map_err(|e| sink_error("seal", e))?;
-        // The index first: a completion that arrives before the assignment finds its id.
-        self.kv
-            .put(self.job_key(job), assignment.as_bytes().to_vec().into())
-            .await
-            .map_err(|e| sink_error("job index", e))?;
         self.assignments
             .publish(&self.backend, &envelope)
             .await
             .map(|_| ())
             .map_err(|e| sink_error("publish assignment", e))
+    }
+
+    async fn open(&self, assignment: &str) -> Result<bool, SinkError> {
+        let id = assignment_id(assignment)?;
+        Ok(self.is_published(id).await? && !self.has_event(id, Kind::Terminal).await?)
     }
 
     async fn claimed(
@@ -274,6 +304,10 @@ impl Sink for JetStreamSink {
             tracing::info!(%runner_name, job = %job.key(), "a runner this forge did not publish took a job; ignored");
             return Ok(());
         };
+        self.kv
+            .put(self.runner_key(assignment), b"busy".to_vec().into())
+            .await
+            .map_err(|e| sink_error("runner record", e))?;
         let envelope = Envelope::new(
             format!("claimed:{id}:{attempt}:github"),
             jr_protocol::now_ms(),
@@ -297,52 +331,29 @@ impl Sink for JetStreamSink {
             Outcome::Other(result) => Some(format!("GitHub result {result:?}")),
             _ => None,
         };
-        self.terminal(assignment, job, outcome, TerminalSource::Executor, reason)
-            .await
-    }
-
-    async fn made_for(&self, job: &JobFacts) -> Result<Option<String>, SinkError> {
-        let Some(id) = self.resolve(job).await? else {
-            return Ok(None);
-        };
-        Ok(self
-            .is_published(id)
-            .await?
-            .then(|| id.0.simple().to_string()))
-    }
-
-    async fn idle_runner(&self, assignment: &str) -> Result<bool, SinkError> {
-        let id = assignment_id(assignment)?;
-        Ok(self.is_published(id).await? && !self.has_event(id, Kind::Terminal).await?)
-    }
-
-    async fn withdrawn(
-        &self,
-        assignment: &str,
-        job: &JobFacts,
-        outcome: &Outcome,
-    ) -> Result<(), SinkError> {
-        let reason = format!(
-            "runner withdrawn unused: job {} ended without running on it",
-            job.key()
-        );
         self.terminal(
             assignment,
-            job,
+            Some(job),
             outcome,
-            TerminalSource::Withdrawn,
-            Some(reason),
+            TerminalSource::Executor,
+            reason,
         )
         .await
     }
 
-    async fn refused(
-        &self,
-        assignment: &str,
-        job: &JobFacts,
-        reason: &str,
-    ) -> Result<(), SinkError> {
-        tracing::warn!(assignment, job = %job.key(), task = job.task_id(), repository = %format!("{}/{}", job.owner_name, job.repository_name), %reason, "GitHub job gets no runner");
+    async fn withdrawn(&self, assignment: &str, reason: &str) -> Result<(), SinkError> {
+        self.terminal(
+            assignment,
+            None,
+            &Outcome::Cancelled,
+            TerminalSource::Withdrawn,
+            Some(format!("runner withdrawn unused: {reason}")),
+        )
+        .await
+    }
+
+    async fn refused(&self, job: &JobFacts, reason: &str) -> Result<(), SinkError> {
+        tracing::warn!(job = %job.key(), task = job.task_id(), repository = %format!("{}/{}", job.owner_name, job.repository_name), %reason, "GitHub job gets no runner");
         Ok(())
     }
 

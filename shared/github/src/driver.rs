@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::guard::{Guard, Verdict};
 use crate::listener::{Action, ListenerState, Outcome, runner_name};
+use crate::scale::{self, Limits};
 use crate::wire::{JitConfig, JobFacts};
 use crate::{GitHubError, MessageSession, ScaleSetClient};
 
@@ -29,32 +30,47 @@ use crate::{GitHubError, MessageSession, ScaleSetClient};
 #[error("ledger: {0}")]
 pub struct SinkError(pub String);
 
+/// What the ledger holds about one runner of the scale set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunnerRecord {
+    /// Recorded before its JIT config was made, never published: no workload has it, so it
+    /// is removed from GitHub (if it was made) and forgotten.
+    Unpublished,
+    /// Published and not final, not known to have taken a job.
+    Free,
+    /// Published and not final; GitHub said it took a job.
+    Busy,
+}
+
 /// Where the listener's decisions go. Every method must be idempotent: a message whose
-/// actions were done but which was not deleted is handled again. A claim or terminal for a job
-/// or assignment the ledger does not hold (one the guard refused, or another client's) is
-/// ignored, not an error: an error would hold the message forever.
+/// actions were done but which was not deleted is handled again. A claim or terminal for an
+/// assignment the ledger does not hold (another client's runner) is ignored, not an error: an
+/// error would hold the message forever.
 pub trait Sink: Send + Sync {
     /// How many more jobs the backends can start soon.
     /// Read when it is needed (before each poll and for each message), so that assignments
     /// just published count against it at once.
     fn room(&self) -> impl Future<Output = usize> + Send;
-    /// Whether the assignment `assignment` is already published (its runner config with it).
-    fn published(&self, assignment: &str) -> impl Future<Output = Result<bool, SinkError>> + Send;
-    /// The open assignment (published, not final) that holds `job`, if any.
-    fn holder(
+    /// The runners the ledger holds for this scale set, by assignment.
+    fn runners(
         &self,
-        job: &JobFacts,
-    ) -> impl Future<Output = Result<Option<String>, SinkError>> + Send;
-    /// Publishes the assignment for `job` (once-only by `assignment`) carrying `jit`, the
-    /// runner config of attempt 1, which only its workload may read.
+    ) -> impl Future<Output = Result<Vec<(String, RunnerRecord)>, SinkError>> + Send;
+    /// A runner is about to be made for `assignment`: recorded first, so that one made at
+    /// GitHub and never published is found after a crash.
+    fn prepare(&self, assignment: &str) -> impl Future<Output = Result<(), SinkError>> + Send;
+    /// Drops the record of `assignment`, a runner that was never published.
+    fn forget(&self, assignment: &str) -> impl Future<Output = Result<(), SinkError>> + Send;
+    /// Publishes the assignment `assignment` (once-only by its id) carrying `jit`, its
+    /// runner's config, which only its workload may read.
     fn assign(
         &self,
         assignment: &str,
-        job: &JobFacts,
         jit: &JitConfig,
     ) -> impl Future<Output = Result<(), SinkError>> + Send;
-    /// Runner `runner_name`, the runner made for `assignment`, took `job`: the once-only claim
-    /// of the runner's assignment (its current attempt). Its workload now runs `job`.
+    /// Whether `assignment` is published and not final (its runner is not lost or withdrawn).
+    fn open(&self, assignment: &str) -> impl Future<Output = Result<bool, SinkError>> + Send;
+    /// Runner `runner_name`, the runner of `assignment`, took `job`: the once-only claim of
+    /// the runner's assignment (its current attempt). Its workload now runs `job`.
     fn claimed(
         &self,
         job: &JobFacts,
@@ -62,38 +78,24 @@ pub trait Sink: Send + Sync {
         runner_name: &str,
         runner_id: i64,
     ) -> impl Future<Output = Result<(), SinkError>> + Send;
-    /// `job` is over on the runner made for `assignment`: the once-only terminal of the
-    /// runner's assignment.
+    /// `job` is over on the runner of `assignment`: the once-only terminal of the runner's
+    /// assignment.
     fn finished(
         &self,
         job: &JobFacts,
         assignment: &str,
         outcome: &Outcome,
     ) -> impl Future<Output = Result<(), SinkError>> + Send;
-    /// The published assignment whose runner was made for `job`, if any (the listener
-    /// forgot it after a restart).
-    fn made_for(
-        &self,
-        job: &JobFacts,
-    ) -> impl Future<Output = Result<Option<String>, SinkError>> + Send;
-    /// Whether `assignment` is published and not final: its runner may not have taken a job
-    /// (GitHub's answer to removing it decides).
-    fn idle_runner(&self, assignment: &str)
-    -> impl Future<Output = Result<bool, SinkError>> + Send;
-    /// The idle runner of `assignment` was removed from the service because `job` ended (or
-    /// started) without it: the once-only terminal of the runner's assignment, so its
-    /// workload is deleted.
+    /// The idle runner of `assignment` was removed from the service (`reason`): the once-only
+    /// terminal of its assignment, so its workload is deleted.
     fn withdrawn(
         &self,
         assignment: &str,
-        job: &JobFacts,
-        outcome: &Outcome,
+        reason: &str,
     ) -> impl Future<Output = Result<(), SinkError>> + Send;
-    /// `job` gets no runner: the guard refused it (its run was cancelled) or GitHub refused to
-    /// make one. For the operators.
+    /// `job` gets no runner: the guard refused it (its run was cancelled). For the operators.
     fn refused(
         &self,
-        assignment: &str,
         job: &JobFacts,
         reason: &str,
     ) -> impl Future<Output = Result<(), SinkError>> + Send;
@@ -115,18 +117,6 @@ pub enum ListenError {
     Sink(#[from] SinkError),
 }
 
-impl ListenError {
-    /// Worth handling the message again later (everything but GitHub's own refusals).
-    fn transient(&self) -> bool {
-        match self {
-            ListenError::GitHub(error) => {
-                error.is_transient() || matches!(error.status(), Some(401 | 409))
-            }
-            ListenError::Sink(_) => true,
-        }
-    }
-}
-
 /// The longest wait between two tries of the same thing.
 const MAX_DELAY: Duration = Duration::from_secs(30);
 
@@ -144,8 +134,15 @@ pub struct ListenerStats {
     pub runners_made: AtomicU64,
     pub acquire_failures: AtomicU64,
     pub jit_failures: AtomicU64,
+    /// Idle runners removed because the scale set was idle and they were beyond `min_idle`.
+    pub runners_removed: AtomicU64,
+    /// Free runners found gone (their workload lost, or withdrawn by `fail-task`), and so
+    /// made again while jobs wait.
+    pub runners_lost: AtomicU64,
     /// Runners published and not known to have taken a job (this process's view).
     pub runners_idle: AtomicU64,
+    /// Runners GitHub holds busy (this process's view).
+    pub runners_busy: AtomicU64,
     /// Jobs the listener holds an assignment for.
     pub jobs_held: AtomicU64,
     /// The service's latest statistics: jobs available, assigned and running in the scale set.
@@ -166,6 +163,8 @@ pub struct Listener<S> {
     pub owner: String,
     pub forge: String,
     pub max_capacity: u32,
+    /// Idle runners kept registered and ready (warm runners), beyond the jobs waiting.
+    pub min_idle: u32,
     pub work_folder: String,
     /// Set when the scale set's runners run on a trusted backend (see [`Guard`]).
     pub guard: Option<Guard>,
@@ -177,19 +176,31 @@ fn backoff() -> Backoff {
     Backoff::new(Duration::from_millis(200), MAX_DELAY)
 }
 
+/// How often the free runners are checked against the ledger (a workload lost, a runner
+/// withdrawn by `fail-task`) at most.
+const REFRESH: Duration = Duration::from_secs(2);
+
 impl<S: Sink> Listener<S> {
     /// The gauges: what the listener holds, and the service's latest statistics.
-    fn observe(&self, session: &MessageSession, state: &ListenerState) {
+    fn observe(&self, state: &ListenerState) {
         let stats = &self.stats;
         let set = |gauge: &AtomicU64, value: i64| {
             gauge.store(u64::try_from(value).unwrap_or(0), Ordering::Relaxed);
         };
-        set(&stats.runners_idle, state.idle_runners() as i64);
-        set(&stats.jobs_held, state.tracked().len() as i64);
-        let s = session.statistics();
+        set(&stats.runners_idle, state.free_runners().len() as i64);
+        set(&stats.runners_busy, state.busy_runners() as i64);
+        set(&stats.jobs_held, state.jobs_held() as i64);
+        let s = &state.statistics();
         set(&stats.available_jobs, s.total_available_jobs);
         set(&stats.assigned_jobs, s.total_assigned_jobs);
         set(&stats.running_jobs, s.total_running_jobs);
+    }
+
+    fn limits(&self) -> Limits {
+        Limits {
+            min_idle: self.min_idle as usize,
+            max_runners: self.max_capacity as usize,
+        }
     }
 
     /// Resumes the saved session, or opens a new one. Transient failures and a session
@@ -247,10 +258,54 @@ impl<S: Sink> Listener<S> {
         }
     }
 
-    /// The most runners the listener can run now, announced to the service: the jobs it holds
-    /// and the room the backends have, at most `max_capacity`.
+    /// The runners the ledger holds, read until it answers; a runner recorded but never
+    /// published is removed from GitHub (no workload has its config) and forgotten. `None`
+    /// at `stop`.
+    async fn held_runners(&self, stop: &CancellationToken) -> Option<ListenerState> {
+        let mut backoff = backoff();
+        loop {
+            match self.load_runners().await {
+                Ok(state) => return Some(state),
+                Err(error) => {
+                    tracing::warn!(error = %jr_error_chain(&error), "reading the scale set's runners from the ledger failed; retrying")
+                }
+            }
+            if !backoff.pause(stop).await {
+                return None;
+            }
+        }
+    }
+
+    async fn load_runners(&self) -> Result<ListenerState, ListenError> {
+        let mut held = Vec::new();
+        for (assignment, record) in self.sink.runners().await? {
+            match record {
+                RunnerRecord::Free => held.push((assignment, false)),
+                RunnerRecord::Busy => held.push((assignment, true)),
+                RunnerRecord::Unpublished => {
+                    let name = runner_name(&assignment, 1);
+                    if let Some(runner) = self.client.runner_by_name(&name).await? {
+                        self.client.remove_runner(runner.id).await?;
+                    }
+                    self.sink.forget(&assignment).await?;
+                    tracing::info!(%assignment, "removed a runner made but never published");
+                }
+            }
+        }
+        tracing::info!(
+            runners = held.len(),
+            "the scale set's runners read from the ledger"
+        );
+        Ok(ListenerState::new(held))
+    }
+
+    /// The most runners the listener can run now, announced to the service: the runners it
+    /// holds and the room the backends have, at most `max_capacity`.
     async fn capacity(&self, state: &ListenerState) -> u32 {
-        let open = state.tracked().len().saturating_add(self.sink.room().await);
+        let held = state.free_runners().len() + state.busy_runners();
+        let open = held
+            .max(state.jobs_held())
+            .saturating_add(self.sink.room().await);
         u32::try_from(open)
             .unwrap_or(u32::MAX)
             .min(self.max_capacity)
@@ -267,9 +322,9 @@ impl<S: Sink> Listener<S> {
         }
     }
 
-    /// A JIT config named for `assignment`'s attempt 1. A name left over from an earlier try
-    /// whose assignment was never published is removed and made again (no workload can have
-    /// started it: only a published assignment carries a config).
+    /// A JIT config named for `assignment`'s runner. A name left over from an earlier try whose
+    /// assignment was never published is removed and made again (no workload can have started
+    /// it: only a published assignment carries a config).
     async fn jit(&self, assignment: &str) -> Result<JitConfig, GitHubError> {
         let name = runner_name(assignment, 1);
         match self
@@ -306,13 +361,19 @@ impl<S: Sink> Listener<S> {
         stop: CancellationToken,
         keep_session: impl Fn() -> bool + Send,
     ) -> Result<(), ListenError> {
+        let Some(mut state) = self.held_runners(&stop).await else {
+            return Ok(());
+        };
         let Some(mut session) = self.session(&stop).await? else {
             return Ok(());
         };
         bump(&self.stats.sessions);
+        if let Some(statistics) = session.session_statistics() {
+            state.set_statistics(statistics);
+        }
         let mut saved_session = session.id().to_owned();
-        let mut state = ListenerState::new(&self.forge, Default::default());
         let mut backoff = backoff();
+        let mut refreshed = tokio::time::Instant::now();
         loop {
             let capacity = tokio::select! {
                 () = stop.cancelled() => break,
@@ -328,11 +389,8 @@ impl<S: Sink> Listener<S> {
                 saved_session = session.id().to_owned();
             }
             let message = match polled {
-                Ok(Some(message)) => message,
-                Ok(None) => {
-                    self.acquire_offered(&mut session, &mut state).await;
-                    continue;
-                }
+                Ok(Some(message)) => Some(message),
+                Ok(None) => None,
                 Err(error) if error.is_transient() => {
                     tracing::warn!(%error, "polling the scale set failed; retrying");
                     if !backoff.pause(&stop).await {
@@ -342,28 +400,155 @@ impl<S: Sink> Listener<S> {
                 }
                 Err(error) => return Err(error.into()),
             };
-            backoff.reset();
-            let before = state.clone();
-            let room = self.sink.room().await;
-            let actions = state.on_message(&message, room);
-            // Stopping mid-message is safe: the message is not deleted, every action repeats.
-            let done = tokio::select! {
-                () = stop.cancelled() => break,
-                done = self.perform(&mut session, &mut state, actions) => done,
-            };
-            match done {
-                Ok(()) => self.acquire_offered(&mut session, &mut state).await,
-                Err(error) => {
-                    tracing::warn!(%error, message = message.id, "handling a message failed; it will come again");
+            if let Some(message) = message {
+                backoff.reset();
+                let before = state.clone();
+                let room = self.sink.room().await;
+                let actions = state.on_message(&message, room);
+                // Stopping mid-message is safe: the message is not deleted, every action
+                // repeats.
+                let done = tokio::select! {
+                    () = stop.cancelled() => break,
+                    done = self.perform(&mut session, &mut state, actions) => done,
+                };
+                if let Err(error) = done {
+                    tracing::warn!(error = %jr_error_chain(&error), message = message.id, "handling a message failed; it will come again");
                     state = before;
                     if !backoff.pause(&stop).await {
                         break;
                     }
+                    continue;
                 }
             }
+            self.acquire_offered(&mut session, &mut state).await;
+            // The desired state is applied again after every poll, an empty one too.
+            let refresh = refreshed.elapsed() >= REFRESH;
+            if refresh {
+                refreshed = tokio::time::Instant::now();
+            }
+            let scaled = tokio::select! {
+                () = stop.cancelled() => break,
+                scaled = self.scale(&mut state, refresh) => scaled,
+            };
+            if let Err(error) = scaled {
+                tracing::warn!(error = %jr_error_chain(&error), "making or removing runners failed; tried again after the next poll");
+                if !backoff.pause(&stop).await {
+                    break;
+                }
+            }
+            self.observe(&state);
         }
         if !keep_session() {
             session.close().await?;
+        }
+        Ok(())
+    }
+
+    /// Compares the runners held with what GitHub's statistics ask for ([`scale::plan`]),
+    /// and makes or removes runners. With `refresh`, free runners are first checked against
+    /// the ledger: one whose assignment ended (its workload lost, withdrawn by `fail-task`) no
+    /// longer counts, so it is made again while a job waits for it.
+    async fn scale(&self, state: &mut ListenerState, refresh: bool) -> Result<(), ListenError> {
+        for assignment in state.take_unsettled() {
+            if let Err(error) = self.settle(state, &assignment).await {
+                state.runner_unsettled(&assignment);
+                return Err(error);
+            }
+        }
+        if refresh {
+            for assignment in state.free_runners() {
+                if !self.sink.open(&assignment).await? {
+                    tracing::info!(%assignment, "a free runner is gone (its workload lost, or withdrawn); it no longer counts");
+                    state.runner_gone(&assignment);
+                    bump(&self.stats.runners_lost);
+                }
+            }
+        }
+        let room = self.sink.room().await;
+        let free = state.free_runners();
+        let plan = scale::plan(
+            state.demand(),
+            &free,
+            state.busy_runners(),
+            room,
+            self.limits(),
+        );
+        for assignment in &plan.remove {
+            self.retire(state, assignment).await?;
+        }
+        for _ in 0..plan.make {
+            if !self.make_runner(state).await? {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// A runner whose publish failed: held if it was published after all, else removed from
+    /// GitHub (no workload has its config) and forgotten.
+    async fn settle(&self, state: &mut ListenerState, assignment: &str) -> Result<(), ListenError> {
+        if self.sink.open(assignment).await? {
+            state.runner_made(assignment);
+            return Ok(());
+        }
+        if let Some(runner) = self
+            .client
+            .runner_by_name(&runner_name(assignment, 1))
+            .await?
+        {
+            self.client.remove_runner(runner.id).await?;
+        }
+        self.sink.forget(assignment).await?;
+        tracing::info!(%assignment, "removed a runner whose assignment was not published");
+        Ok(())
+    }
+
+    /// Makes one runner: recorded, its JIT config made, its assignment published. `false`
+    /// when GitHub refuses to make it for good (logged; tried again after the next poll).
+    async fn make_runner(&self, state: &mut ListenerState) -> Result<bool, ListenError> {
+        let assignment = uuid::Uuid::new_v4().simple().to_string();
+        self.sink.prepare(&assignment).await?;
+        let jit = match self.jit(&assignment).await {
+            Ok(jit) => jit,
+            Err(error) => {
+                bump(&self.stats.jit_failures);
+                self.sink.forget(&assignment).await?;
+                if error.is_transient() || matches!(error.status(), Some(401 | 409)) {
+                    return Err(error.into());
+                }
+                tracing::error!(error = %jr_error_chain(&error), "GitHub refuses to make a runner; trying again after the next poll");
+                return Ok(false);
+            }
+        };
+        if let Err(error) = self.sink.assign(&assignment, &jit).await {
+            state.runner_unsettled(&assignment);
+            return Err(error.into());
+        }
+        state.runner_made(&assignment);
+        bump(&self.stats.runners_made);
+        tracing::info!(%assignment, runner = %jit.runner.name, "runner made");
+        Ok(true)
+    }
+
+    /// Removes the free runner of `assignment`, beyond `min_idle` on an idle scale set. A
+    /// runner is removed from the service before its assignment ends, so it cannot take a job
+    /// while its workload is deleted; one that took a job meanwhile is kept, as busy.
+    async fn retire(&self, state: &mut ListenerState, assignment: &str) -> Result<(), ListenError> {
+        if !self.sink.open(assignment).await? {
+            state.runner_gone(assignment);
+            return Ok(());
+        }
+        if self.remove_idle_runner(assignment).await? {
+            self.sink
+                .withdrawn(
+                    assignment,
+                    "the scale set is idle: runner beyond min_idle removed",
+                )
+                .await?;
+            state.runner_gone(assignment);
+            bump(&self.stats.runners_removed);
+        } else {
+            state.runner_busy(assignment);
         }
         Ok(())
     }
@@ -400,96 +585,32 @@ impl<S: Sink> Listener<S> {
         })
     }
 
-    /// Publishes `assignment` for `job` with a new runner, unless it is published already (a
-    /// message handled again) or another open assignment holds the job (a re-sent message).
-    /// `true` when `assignment`'s runner is published.
-    async fn assign(&self, assignment: &str, job: &JobFacts) -> Result<bool, ListenError> {
+    /// A job newly assigned to the scale set: if the guard refuses it, its run is cancelled
+    /// and it gets no runner.
+    async fn check(&self, state: &mut ListenerState, job: &JobFacts) -> Result<(), ListenError> {
         bump(&self.stats.jobs_assigned);
-        if self.sink.published(assignment).await? {
-            return Ok(true);
-        }
-        if let Some(other) = self.sink.holder(job).await?
-            && other != assignment
+        let Some(reason) = self.refusal(job).await? else {
+            return Ok(());
+        };
+        tracing::warn!(job = %job.key(), run = job.workflow_run_id, %reason, "job refused by the trust guard; cancelling its run");
+        match self
+            .client
+            .cancel_run(&job.owner_name, &job.repository_name, job.workflow_run_id)
+            .await
         {
-            tracing::info!(job = %job.key(), holder = %other, "job already held by an open assignment; re-sent assignment ignored");
-            return Ok(false);
-        }
-        if let Some(reason) = self.refusal(job).await? {
-            tracing::warn!(job = %job.key(), run = job.workflow_run_id, %reason, "job refused by the trust guard; cancelling its run");
-            match self
-                .client
-                .cancel_run(&job.owner_name, &job.repository_name, job.workflow_run_id)
-                .await
-            {
-                Ok(()) => {}
-                Err(error) if error.is_transient() => return Err(error.into()),
-                Err(error) => {
-                    tracing::error!(%error, run = job.workflow_run_id, "the refused job's run cannot be cancelled; it gets no runner from jetrunner")
-                }
+            Ok(()) => {}
+            Err(error) if error.is_transient() => return Err(error.into()),
+            Err(error) => {
+                tracing::error!(error = %jr_error_chain(&error), run = job.workflow_run_id, "the refused job's run cannot be cancelled; it gets no runner from jetrunner")
             }
-            self.sink.refused(assignment, job, &reason).await?;
-            return Ok(false);
         }
-        let jit = self.jit(assignment).await;
-        if jit.is_err() {
-            bump(&self.stats.jit_failures);
-        }
-        let jit = match jit {
-            Ok(jit) => jit,
-            Err(error) if !error.is_transient() && !matches!(error.status(), Some(401 | 409)) => {
-                let reason = format!("GitHub refused to make its runner: {error}");
-                tracing::error!(job = %job.key(), %reason, "job gets no runner");
-                self.sink.refused(assignment, job, &reason).await?;
-                return Ok(false);
-            }
-            Err(error) => return Err(error.into()),
-        };
-        self.sink.assign(assignment, job, &jit).await?;
-        bump(&self.stats.runners_made);
-        Ok(true)
-    }
-
-    /// Withdraws one idle runner because `job` ended or started without one of ours, if a
-    /// runner was made for it (a job the guard refused had none). The job's own runner is
-    /// tried first, then the others not known to be busy. A runner is removed from the service
-    /// before its assignment ends, so it cannot take a job while its workload is deleted; one
-    /// that is busy (`JobStillRunningException`) just took a job, and the next is tried.
-    async fn withdraw(
-        &self,
-        state: &mut ListenerState,
-        job: &JobFacts,
-        own: Option<String>,
-        others: Vec<String>,
-        outcome: &Outcome,
-    ) -> Result<(), ListenError> {
-        let own = match own {
-            Some(own) => Some(own),
-            None => self.sink.made_for(job).await?,
-        };
-        let Some(own) = own else {
-            return Ok(());
-        };
-        if !self.sink.published(&own).await? {
-            return Ok(());
-        }
-        for candidate in std::iter::once(own).chain(others) {
-            if !self.sink.idle_runner(&candidate).await? {
-                state.runner_withdrawn(&candidate);
-                continue;
-            }
-            if self.remove_idle_runner(&candidate).await? {
-                self.sink.withdrawn(&candidate, job, outcome).await?;
-                state.runner_withdrawn(&candidate);
-                return Ok(());
-            }
-            state.runner_withdrawn(&candidate);
-        }
-        tracing::warn!(job = %job.key(), "no idle runner to withdraw for a job that ran without one; the reconciler's claim timeout ends a runner left idle");
+        self.sink.refused(job, &reason).await?;
+        state.job_refused(job);
         Ok(())
     }
 
-    /// Removes the runner made for `assignment` if it never had a job: `false` when it has one
-    /// now (`JobStillRunningException`) or had one (an ephemeral runner is gone after its job).
+    /// Removes the runner of `assignment` if it never had a job: `false` when it has one now
+    /// (`JobStillRunningException`) or had one (an ephemeral runner is gone after its job).
     /// The lookup by name is what tells a runner gone after its job from an idle one: the
     /// removal itself answers 204 for a runner the service no longer holds as well.
     async fn remove_idle_runner(&self, assignment: &str) -> Result<bool, GitHubError> {
@@ -536,14 +657,7 @@ impl<S: Sink> Listener<S> {
                         state.acquire_answered(&ids, &[]);
                     }
                 },
-                Action::Assign { assignment, job } => match self.assign(&assignment, &job).await {
-                    Ok(true) => state.runner_published(&assignment),
-                    Ok(false) => {}
-                    Err(error) if error.transient() => return Err(error),
-                    Err(error) => {
-                        tracing::error!(%error, job = %job.key(), "the job's assignment failed for good; going on with the others");
-                    }
-                },
+                Action::Check(job) => self.check(state, &job).await?,
                 Action::Claim {
                     job,
                     assignment,
@@ -563,21 +677,26 @@ impl<S: Sink> Listener<S> {
                     bump(&self.stats.jobs_completed);
                     self.sink.finished(&job, &assignment, &outcome).await?;
                 }
-                Action::Withdraw {
-                    job,
-                    own,
-                    others,
-                    outcome,
-                } => self.withdraw(state, &job, own, others, &outcome).await?,
                 Action::Delete(id) => {
                     session.delete_message(id).await?;
                     // The commit point: the message is gone and its actions are done.
                     self.save(session).await;
                     bump(&self.stats.messages);
-                    self.observe(session, state);
                 }
             }
         }
         Ok(())
     }
+}
+
+/// `error` with its whole chain of causes.
+fn jr_error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }

@@ -17,12 +17,13 @@ mod error;
 pub mod guard;
 pub mod listener;
 mod retry;
+pub mod scale;
 mod scope;
 mod session;
 pub mod wire;
 
 pub use client::{Credentials, ScaleSetClient, Settings};
-pub use driver::{ListenError, Listener, ListenerStats, Sink, SinkError};
+pub use driver::{ListenError, Listener, ListenerStats, RunnerRecord, Sink, SinkError};
 pub use error::GitHubError;
 pub use retry::RetryPolicy;
 pub use scope::{ConfigUrl, Scope};

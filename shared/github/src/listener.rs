@@ -1,31 +1,25 @@
 //! What a scale set listener decides for each queue message, as a pure function of the
-//! message, what it already tracks and how much room the backends have: which offered jobs to
-//! acquire, which assigned jobs become jetrunner assignments, and which runner starts and job
-//! completions become the once-only `claimed` and `terminal` facts. The driver performs the
-//! actions in order and deletes the message only after all of them succeeded, so a crash
-//! in between makes the service deliver the message again, and every decision here is
-//! idempotent under that redelivery.
-//!
-//! Identity: each time GitHub assigns a job to the scale set it becomes one jetrunner
-//! assignment, whose id is derived from the forge, the job (its `runnerRequestId`, or its
-//! `jobId` where github.com sends 0 for the former: [`JobFacts::key`]) and the message that
-//! assigned it. Everything about one job is keyed the same way here, and the ledger names the
-//! job by the matching number, [`JobFacts::task_id`]. A job the service assigns again after
-//! its runner never started (it sends `JobCompleted{canceled}` first) gets a new assignment.
+//! message and what it already tracks: which offered jobs to acquire, which jobs to check
+//! against the trust guard, and which runner starts and job completions become the once-only
+//! `claimed` and `terminal` facts. The driver performs the actions in order and deletes the
+//! message only after all of them succeeded, so a crash in between makes the service deliver
+//! the message again, and every decision here is idempotent under that redelivery.
 //!
 //! Runners are not bound to jobs: the service hands any job assigned to the scale set to any
-//! idle runner of it. The JIT runner made for one assignment (named `jr-<assignment>-<attempt>`)
-//! may run another assignment's job. So in jetrunner's ledger a GitHub assignment stands for
-//! the *runner* made when a job was assigned: `JobStarted` claims the assignment of the runner
-//! it names (with the job that runner took), and `JobCompleted` ends that runner's assignment.
-//! The workload that is deleted after the terminal is then the one that ran the job, as for a
-//! Gitea job. The number of runners stays the number of jobs assigned and not yet started:
-//! when a job ends without running on a runner of ours (cancelled while queued, or taken by a
-//! runner jetrunner did not make) one idle runner is too many, and it is withdrawn.
+//! idle runner of it. So jetrunner makes runners by number, not per job: after every message
+//! (and every empty poll) the driver compares GitHub's statistics with the runners it holds
+//! ([`crate::scale`]) and makes or removes runners. Each runner is one jetrunner assignment,
+//! named `jr-<assignment>-1`; `JobStarted` claims the assignment of the runner it names (with
+//! the job that runner took), and `JobCompleted` ends that runner's assignment, so the
+//! workload deleted after the terminal is the one that ran the job, as for a Gitea job.
+//!
+//! Jobs are keyed by [`JobFacts::key`] (their `runnerRequestId`, or their `jobId` where
+//! github.com sends 0 for the former) and named in the ledger by [`JobFacts::task_id`].
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::wire::{JobFacts, JobMessage, QueueMessage};
+use crate::scale::Demand;
+use crate::wire::{JobFacts, JobMessage, QueueMessage, Statistics};
 
 /// The JIT runner name of `assignment`'s `attempt`: `jr-<assignment>-<attempt>`.
 pub fn runner_name(assignment: &str, attempt: u32) -> String {
@@ -66,89 +60,123 @@ impl Outcome {
 pub enum Action {
     /// Ask for these offered jobs (`runnerRequestId`s).
     Acquire(Vec<i64>),
-    /// Publish the assignment (once-only by its id) for a job assigned to the scale set, with
-    /// a JIT runner for attempt 1.
-    Assign { assignment: String, job: JobFacts },
-    /// Runner `runner_name` (the runner made for `assignment`) took `job`: the once-only claim
-    /// of the runner's assignment.
+    /// A job newly assigned to the scale set: the trust guard (if any) decides whether it may
+    /// run here; a refused job's run is cancelled.
+    Check(JobFacts),
+    /// Runner `runner_name` (the runner of `assignment`) took `job`: the once-only claim of the
+    /// runner's assignment.
     Claim {
         job: JobFacts,
         assignment: String,
         runner_name: String,
         runner_id: i64,
     },
-    /// `job` is over on the runner made for `assignment`: the once-only terminal of the
-    /// runner's assignment.
+    /// `job` is over on the runner of `assignment`: the once-only terminal of the runner's
+    /// assignment.
     Finish {
         job: JobFacts,
         assignment: String,
-        outcome: Outcome,
-    },
-    /// `job` ended, or started, without a runner of ours, while a runner was made for it: one
-    /// idle runner is too many. Withdraw one, the job's own (`own`, when known) first, then the
-    /// others not known to be busy (`others`).
-    Withdraw {
-        job: JobFacts,
-        own: Option<String>,
-        others: Vec<String>,
         outcome: Outcome,
     },
     /// Delete the message: everything above is done.
     Delete(i64),
 }
 
-/// A job this listener holds an assignment for.
+/// A runner the listener holds: one published (or being published) assignment.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Tracked {
-    pub assignment: String,
-    pub started: bool,
+pub struct HeldRunner {
+    /// Made in this order (oldest first).
+    pub seq: u64,
+    /// GitHub said it took a job (`JobStarted`), or refused to remove it because it has one.
+    pub busy: bool,
 }
 
-/// The listener's memory: the jobs it holds (rebuilt from the ledger after a restart) and the
-/// jobs it asked for that are not assigned yet.
+/// The listener's memory: the jobs assigned to the scale set it has seen, the runners it holds
+/// (rebuilt from the ledger after a restart), the jobs it asked for that are not assigned yet,
+/// and GitHub's latest statistics.
 #[derive(Clone, Debug, Default)]
 pub struct ListenerState {
-    forge: String,
-    /// By [`JobFacts::key`].
-    jobs: BTreeMap<String, Tracked>,
+    /// Jobs assigned to the scale set and not over, by [`JobFacts::key`]: `true` once started.
+    jobs: BTreeMap<String, bool>,
     acquired: BTreeSet<i64>,
     /// Offered jobs there was no room for, oldest first: asked for when room frees up (whether
     /// the service offers them again is not documented; a job taken elsewhere is simply not
     /// granted).
     offered: BTreeSet<i64>,
-    /// Assignments whose runner is not known to have taken a job: the candidates for a
-    /// withdrawal (this process's memory; the ledger checks each one).
-    idle: BTreeSet<String>,
+    /// Jobs the trust guard refused whose completion has not come yet: they get no runner.
+    refused: BTreeSet<String>,
+    runners: BTreeMap<String, HeldRunner>,
+    next_seq: u64,
+    /// Runners whose publish failed: published after all, or to be removed from GitHub.
+    unsettled: BTreeSet<String>,
+    /// `None` until GitHub said (the session, or a message): nothing is removed meanwhile.
+    statistics: Option<Statistics>,
 }
 
 impl ListenerState {
-    pub fn new(forge: &str, known: BTreeMap<String, Tracked>) -> ListenerState {
-        ListenerState {
-            forge: forge.to_owned(),
-            jobs: known,
-            acquired: BTreeSet::new(),
-            offered: BTreeSet::new(),
-            idle: BTreeSet::new(),
+    /// A listener that holds `runners` (assignment, busy), from the ledger.
+    pub fn new(runners: impl IntoIterator<Item = (String, bool)>) -> ListenerState {
+        let mut state = ListenerState::default();
+        for (assignment, busy) in runners {
+            state.runner_held(&assignment, busy);
         }
+        state
     }
 
-    /// The runner of `assignment` was published: it may take a job.
-    pub fn runner_published(&mut self, assignment: &str) {
-        self.idle.insert(assignment.to_owned());
+    fn runner_held(&mut self, assignment: &str, busy: bool) {
+        self.next_seq += 1;
+        let seq = self.next_seq;
+        self.runners
+            .entry(assignment.to_owned())
+            .and_modify(|r| r.busy |= busy)
+            .or_insert(HeldRunner { seq, busy });
     }
 
-    /// The runner of `assignment` is gone or busy: it takes no job any more.
-    pub fn runner_withdrawn(&mut self, assignment: &str) {
-        self.idle.remove(assignment);
+    /// A runner was made for `assignment` (its assignment published).
+    pub fn runner_made(&mut self, assignment: &str) {
+        self.runner_held(assignment, false);
     }
 
-    /// Runners published and not known to have taken a job.
-    pub fn idle_runners(&self) -> usize {
-        self.idle.len()
+    /// The assignment of a runner made at GitHub could not be published (or its answer was
+    /// lost): settled before the next runners are made.
+    pub fn runner_unsettled(&mut self, assignment: &str) {
+        self.unsettled.insert(assignment.to_owned());
     }
 
-    pub fn tracked(&self) -> &BTreeMap<String, Tracked> {
-        &self.jobs
+    /// Runners whose publish failed, to settle.
+    pub fn take_unsettled(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.unsettled).into_iter().collect()
+    }
+
+    /// GitHub holds the runner of `assignment` busy.
+    pub fn runner_busy(&mut self, assignment: &str) {
+        self.runner_held(assignment, true);
+    }
+
+    /// The runner of `assignment` is gone: removed, lost, or over after its job.
+    pub fn runner_gone(&mut self, assignment: &str) {
+        self.runners.remove(assignment);
+    }
+
+    /// Runners not known to be busy (starting, or idle), oldest first.
+    pub fn free_runners(&self) -> Vec<String> {
+        let mut free: Vec<(&u64, &String)> = self
+            .runners
+            .iter()
+            .filter(|(_, r)| !r.busy)
+            .map(|(a, r)| (&r.seq, a))
+            .collect();
+        free.sort();
+        free.into_iter().map(|(_, a)| a.clone()).collect()
+    }
+
+    pub fn busy_runners(&self) -> usize {
+        self.runners.values().filter(|r| r.busy).count()
+    }
+
+    /// Jobs assigned to the scale set and not over, as this listener saw them.
+    pub fn jobs_held(&self) -> usize {
+        self.jobs.len()
     }
 
     /// Jobs acquired and not yet assigned: they will take slots soon.
@@ -156,39 +184,39 @@ impl ListenerState {
         self.acquired.len()
     }
 
-    fn withdraw(&self, job: &JobFacts, own: Option<String>, outcome: Outcome) -> Action {
-        let others = self
-            .idle
-            .iter()
-            .filter(|a| Some(*a) != own.as_ref())
-            .cloned()
-            .collect();
-        Action::Withdraw {
-            job: job.clone(),
-            own,
-            others,
-            outcome,
+    /// GitHub's latest statistics (zero before it said any).
+    pub fn statistics(&self) -> Statistics {
+        self.statistics.clone().unwrap_or_default()
+    }
+
+    /// GitHub's statistics from elsewhere than a message (the session's own).
+    pub fn set_statistics(&mut self, statistics: &Statistics) {
+        self.statistics = Some(statistics.clone());
+    }
+
+    /// What GitHub asks for: its latest statistics, less the jobs the guard refused. Before
+    /// GitHub said anything, no job waits and the scale set does not count as idle.
+    pub fn demand(&self) -> Demand {
+        match &self.statistics {
+            Some(statistics) => Demand::from_statistics(statistics, self.refused.len()),
+            None => Demand {
+                waiting: 0,
+                idle: false,
+            },
         }
     }
 
-    /// The assignment id of the job `job` (its [`JobFacts::key`]) assigned by message
-    /// `message`.
-    pub fn assignment_id(&self, job: &str, message: i64) -> String {
-        use sha2::Digest;
-        let mut hasher = sha2::Sha256::new();
-        hasher.update(b"jetrunner github assignment\0");
-        hasher.update(self.forge.as_bytes());
-        hasher.update(b"\0");
-        hasher.update(job.as_bytes());
-        hasher.update(b"\0");
-        hasher.update(message.to_be_bytes());
-        let digest = hasher.finalize();
-        digest[..16].iter().map(|b| format!("{b:02x}")).collect()
+    /// The trust guard refused `job`: it gets no runner.
+    pub fn job_refused(&mut self, job: &JobFacts) {
+        if self.jobs.contains_key(&job.key()) {
+            self.refused.insert(job.key());
+        }
     }
 
     /// The actions for `message`. `room` is how many more jobs the backends can start soon
     /// (free slots less what is queued for them); acquired-but-unassigned jobs count against it.
     pub fn on_message(&mut self, message: &QueueMessage, room: usize) -> Vec<Action> {
+        self.statistics = Some(message.statistics.clone());
         let mut actions = Vec::new();
         let mut acquire = Vec::new();
         let mut room = room.saturating_sub(self.acquired.len());
@@ -214,23 +242,14 @@ impl ListenerState {
                 }
                 JobMessage::Assigned(facts) => {
                     let id = facts.runner_request_id;
-                    let key = facts.key();
                     self.acquired.remove(&id);
                     self.offered.remove(&id);
                     // A job already held is a re-sent message, not a second assignment.
-                    if !self.jobs.contains_key(&key) {
-                        let assignment = self.assignment_id(&key, message.id);
-                        self.jobs.insert(
-                            key,
-                            Tracked {
-                                assignment: assignment.clone(),
-                                started: false,
-                            },
-                        );
-                        actions.push(Action::Assign {
-                            assignment,
-                            job: facts.clone(),
-                        });
+                    if let std::collections::btree_map::Entry::Vacant(entry) =
+                        self.jobs.entry(facts.key())
+                    {
+                        entry.insert(false);
+                        actions.push(Action::Check(facts.clone()));
                     }
                 }
                 JobMessage::Started {
@@ -238,13 +257,12 @@ impl ListenerState {
                     runner_id,
                     runner_name,
                 } => {
-                    let own = self.jobs.get_mut(&job.key()).map(|t| {
-                        t.started = true;
-                        t.assignment.clone()
-                    });
+                    if let Some(started) = self.jobs.get_mut(&job.key()) {
+                        *started = true;
+                    }
                     match parse_runner_name(runner_name) {
                         Some((assignment, _)) => {
-                            self.idle.remove(&assignment);
+                            self.runner_busy(&assignment);
                             actions.push(Action::Claim {
                                 job: job.clone(),
                                 assignment,
@@ -254,7 +272,6 @@ impl ListenerState {
                         }
                         None => {
                             tracing::warn!(%runner_name, job = %job.key(), "a job of this scale set started on a runner jetrunner did not make");
-                            actions.push(self.withdraw(job, own, Outcome::Cancelled));
                         }
                     }
                 }
@@ -265,26 +282,20 @@ impl ListenerState {
                     ..
                 } => {
                     let id = job.runner_request_id;
-                    let held = self.jobs.remove(&job.key());
+                    self.jobs.remove(&job.key());
+                    self.refused.remove(&job.key());
                     self.acquired.remove(&id);
                     self.offered.remove(&id);
-                    let outcome = Outcome::from_result(result);
-                    match parse_runner_name(runner_name) {
-                        Some((assignment, _)) => {
-                            self.idle.remove(&assignment);
-                            actions.push(Action::Finish {
-                                job: job.clone(),
-                                assignment,
-                                outcome,
-                            });
-                        }
-                        // It ran on a runner jetrunner did not make: withdrawn when it started.
-                        None if !runner_name.is_empty() => {}
-                        // It never ran (cancelled while queued, or its assignment lapsed).
-                        None => {
-                            let own = held.map(|t| t.assignment);
-                            actions.push(self.withdraw(job, own, outcome));
-                        }
+                    // A job that never ran (cancelled while queued, or its assignment lapsed)
+                    // or ran on a runner jetrunner did not make is nothing of ours: the
+                    // runner count follows the statistics.
+                    if let Some((assignment, _)) = parse_runner_name(runner_name) {
+                        self.runner_gone(&assignment);
+                        actions.push(Action::Finish {
+                            job: job.clone(),
+                            assignment,
+                            outcome: Outcome::from_result(result),
+                        });
                     }
                 }
                 JobMessage::Other { message_type } => {
@@ -328,7 +339,6 @@ impl ListenerState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::Statistics;
 
     fn facts(id: i64) -> JobFacts {
         JobFacts {
@@ -363,7 +373,7 @@ mod tests {
 
     #[test]
     fn only_what_there_is_room_for_is_acquired() {
-        let mut state = ListenerState::new("gh", BTreeMap::new());
+        let mut state = ListenerState::default();
         let offered = message(
             1,
             (1..=5).map(|i| JobMessage::Available(facts(i))).collect(),
@@ -386,26 +396,17 @@ mod tests {
     }
 
     #[test]
-    fn a_re_sent_assignment_is_one_assignment_and_a_reassignment_is_another() {
-        let mut state = ListenerState::new("gh", BTreeMap::new());
+    fn an_assigned_job_is_checked_once_and_a_reassignment_again() {
+        let mut state = ListenerState::default();
         let first = state.on_message(&message(1, vec![JobMessage::Assigned(facts(7))]), 0);
-        let Action::Assign { assignment, .. } = &first[0] else {
-            panic!("{first:?}")
-        };
-        let assignment = assignment.clone();
+        assert_eq!(first, vec![Action::Check(facts(7)), Action::Delete(1)]);
         // Re-sent in a later message: nothing new.
         assert_eq!(
             state.on_message(&message(2, vec![JobMessage::Assigned(facts(7))]), 0),
             vec![Action::Delete(2)]
         );
-        // Redelivered after a crash to a listener that rebuilt its memory: the same id.
-        let mut restarted = ListenerState::new("gh", BTreeMap::new());
-        let redelivered =
-            restarted.on_message(&message(1, vec![JobMessage::Assigned(facts(7))]), 0);
-        assert!(
-            matches!(&redelivered[0], Action::Assign { assignment: a, .. } if *a == assignment)
-        );
-        // The runner never started: cancelled, then assigned again, as a new assignment.
+        // No runner took it: cancelled, then assigned again, checked again. Nothing of
+        // ours ended: no terminal.
         let lapsed = JobMessage::Completed {
             job: facts(7),
             result: "canceled".into(),
@@ -414,156 +415,86 @@ mod tests {
         };
         let actions =
             state.on_message(&message(3, vec![lapsed, JobMessage::Assigned(facts(7))]), 0);
-        // It never ran: the runner made for it is one too many.
-        assert!(
-            matches!(&actions[0], Action::Withdraw { job, own: Some(a), outcome: Outcome::Cancelled, .. } if *a == assignment && job.runner_request_id == 7),
-            "{actions:?}"
-        );
-        assert!(
-            matches!(&actions[1], Action::Assign { assignment: a, .. } if *a != assignment),
-            "{actions:?}"
-        );
+        assert_eq!(actions, vec![Action::Check(facts(7)), Action::Delete(3)]);
     }
 
     #[test]
     fn start_and_completion_are_about_the_runner_whichever_job_it_took() {
-        let mut state = ListenerState::new("gh", BTreeMap::new());
-        let actions = state.on_message(
-            &message(
-                1,
-                vec![
-                    JobMessage::Assigned(facts(8)),
-                    JobMessage::Assigned(facts(9)),
-                ],
-            ),
-            0,
-        );
-        let ids: Vec<String> = actions
-            .iter()
-            .filter_map(|a| match a {
-                Action::Assign { assignment, .. } => Some(assignment.clone()),
-                _ => None,
-            })
-            .collect();
-        for id in &ids {
-            state.runner_published(id);
-        }
-        // Job 9 runs on the runner made for job 8's assignment: the claim and the terminal
-        // are that runner's assignment's, with job 9 in them.
-        let runner = runner_name(&ids[0], 1);
+        let mut state = ListenerState::new([("a".to_owned(), false), ("b".to_owned(), false)]);
+        assert_eq!(state.free_runners(), vec!["a".to_owned(), "b".to_owned()]);
+        let runner = runner_name("a", 1);
         let started = JobMessage::Started {
             job: facts(9),
             runner_id: 4,
             runner_name: runner.clone(),
         };
-        let done = JobMessage::Completed {
-            job: facts(9),
-            result: "succeeded".into(),
-            runner_id: 4,
-            runner_name: runner.clone(),
-        };
-        let actions = state.on_message(&message(2, vec![started, done]), 0);
+        let actions = state.on_message(&message(2, vec![started]), 0);
         assert_eq!(
             actions,
             vec![
                 Action::Claim {
                     job: facts(9),
-                    assignment: ids[0].clone(),
+                    assignment: "a".into(),
                     runner_name: runner.clone(),
                     runner_id: 4
-                },
-                Action::Finish {
-                    job: facts(9),
-                    assignment: ids[0].clone(),
-                    outcome: Outcome::Succeeded
                 },
                 Action::Delete(2),
             ]
         );
-        // Job 8 is cancelled before it runs: job 9's runner is idle and too many. It is
-        // the job's own runner that is busy, so the others are offered.
-        let cancelled = JobMessage::Completed {
-            job: facts(8),
-            result: "canceled".into(),
-            runner_id: 0,
-            runner_name: String::new(),
+        assert_eq!(state.free_runners(), vec!["b".to_owned()]);
+        assert_eq!(state.busy_runners(), 1);
+        let done = JobMessage::Completed {
+            job: facts(9),
+            result: "succeeded".into(),
+            runner_id: 4,
+            runner_name: runner,
         };
-        let actions = state.on_message(&message(3, vec![cancelled]), 0);
+        let actions = state.on_message(&message(3, vec![done]), 0);
         assert_eq!(
             actions[0],
-            Action::Withdraw {
-                job: facts(8),
-                own: Some(ids[0].clone()),
-                others: vec![ids[1].clone()],
-                outcome: Outcome::Cancelled
+            Action::Finish {
+                job: facts(9),
+                assignment: "a".into(),
+                outcome: Outcome::Succeeded
             }
         );
-        // A job started on a runner jetrunner did not make: one of ours is too many; its
-        // completion there is nothing of ours.
-        let mut fresh = ListenerState::new("gh", BTreeMap::new());
-        let foreign = |kind| match kind {
-            0 => JobMessage::Started {
-                job: facts(10),
-                runner_id: 1,
-                runner_name: "arc-1".into(),
-            },
-            _ => JobMessage::Completed {
-                job: facts(10),
-                result: "failed".into(),
-                runner_id: 1,
-                runner_name: "arc-1".into(),
-            },
+        assert_eq!(state.busy_runners(), 0);
+        // A job on a runner jetrunner did not make: nothing of ours.
+        let foreign = JobMessage::Completed {
+            job: facts(10),
+            result: "failed".into(),
+            runner_id: 1,
+            runner_name: "arc-1".into(),
         };
-        let actions = fresh.on_message(&message(6, vec![foreign(0), foreign(1)]), 0);
-        assert!(
-            matches!(
-                &actions[..],
-                [Action::Withdraw { job, own: None, .. }, Action::Delete(6)] if job.runner_request_id == 10
-            ),
-            "{actions:?}"
+        assert_eq!(
+            state.on_message(&message(4, vec![foreign]), 0),
+            vec![Action::Delete(4)]
         );
     }
 
     #[test]
-    fn jobs_without_a_request_id_are_told_apart_by_their_job_id() {
-        let mut state = ListenerState::new("gh", BTreeMap::new());
-        let job = |id: &str| JobFacts {
-            runner_request_id: 0,
-            job_id: id.into(),
-            ..JobFacts::default()
-        };
-        let actions = state.on_message(
-            &message(
-                1,
-                vec![
-                    JobMessage::Assigned(job("a")),
-                    JobMessage::Assigned(job("b")),
-                ],
-            ),
-            0,
+    fn refused_jobs_are_not_demand_until_their_completion() {
+        let mut state = ListenerState::default();
+        let mut assigned = message(1, vec![JobMessage::Assigned(facts(1))]);
+        assigned.statistics.total_assigned_jobs = 1;
+        state.on_message(&assigned, 0);
+        assert_eq!(state.demand().waiting, 1);
+        state.job_refused(&facts(1));
+        assert_eq!(state.demand().waiting, 0);
+        let mut cancelled = message(
+            2,
+            vec![JobMessage::Completed {
+                job: facts(1),
+                result: "canceled".into(),
+                runner_id: 0,
+                runner_name: String::new(),
+            }],
         );
-        let assigned: Vec<&String> = actions
-            .iter()
-            .filter_map(|a| match a {
-                Action::Assign { assignment, .. } => Some(assignment),
-                _ => None,
-            })
-            .collect();
-        assert_eq!(assigned.len(), 2, "{actions:?}");
-        assert_ne!(assigned[0], assigned[1]);
-        let done = JobMessage::Completed {
-            job: job("b"),
-            result: "canceled".into(),
-            runner_id: 0,
-            runner_name: String::new(),
-        };
-        let actions = state.on_message(&message(2, vec![done]), 0);
-        assert!(
-            matches!(&actions[0], Action::Withdraw { own: Some(a), .. } if a == assigned[1]),
-            "{actions:?}"
-        );
-        // Offers without a request id cannot be acquired.
-        let offered = state.on_message(&message(3, vec![JobMessage::Available(job("c"))]), 5);
-        assert_eq!(offered, vec![Action::Delete(3)]);
+        cancelled.statistics.total_assigned_jobs = 0;
+        state.on_message(&cancelled, 0);
+        assert!(state.demand().idle);
+        // A refusal for a job no longer held is nothing.
+        state.job_refused(&facts(1));
+        assert_eq!(state.demand().waiting, 0);
     }
 }

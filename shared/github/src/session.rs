@@ -47,6 +47,11 @@ impl MessageSession {
         self.last_message_id
     }
 
+    /// The statistics the service gave with the session, if it gave any.
+    pub fn session_statistics(&self) -> Option<&Statistics> {
+        self.session.statistics.as_ref()
+    }
+
     /// The latest statistics (from the session or the last message).
     pub fn statistics(&self) -> &Statistics {
         &self.statistics

@@ -67,4 +67,11 @@ pub trait ForgeCommands: Send + Sync + 'static {
     /// runner that never took a job, and waits for the forge's own end of one that did).
     /// Returns what to do with the command (retry later while the forge is unreachable).
     fn fail_task<'a>(&'a self, lost: LostTask<'a>) -> BoxFuture<'a, Disposition>;
+
+    /// Whether a lost attempt is ended ([`ForgeCommands::fail_task`]) rather than started
+    /// again as attempt n+1 when the reconciler asks for a redispatch: a runner-bound forge's
+    /// runner registration works once, so its intake makes a fresh runner instead.
+    fn ends_lost_attempts(&self) -> bool {
+        false
+    }
 }

@@ -13,7 +13,9 @@ use jr_fake_github::{FakeGitHub, JobSpec, JobState};
 use jr_github::guard::Guard;
 use jr_github::listener::Outcome;
 use jr_github::wire::{JitConfig, JobFacts};
-use jr_github::{Credentials, Listener, RetryPolicy, ScaleSetClient, Settings, Sink, SinkError};
+use jr_github::{
+    Credentials, Listener, RetryPolicy, RunnerRecord, ScaleSetClient, Settings, Sink, SinkError,
+};
 use jr_placement::{TrustLevel, TrustPolicy};
 use tokio_util::sync::CancellationToken;
 
@@ -23,36 +25,30 @@ const PAT: &str = "ghp_listener";
 /// (their `runnerRequestId`, or one derived from their `jobId` where that is 0).
 #[derive(Default)]
 struct Ledger {
-    /// Assignment → (request id, JIT config, publishes seen).
-    assignments: BTreeMap<String, (i64, String, u32)>,
-    /// Assignment → the runner made for it that took a job, and that job's request id.
-    claims: BTreeMap<String, (String, i64, i64)>,
-    /// Assignment → how the job its runner took ended (and that job's request id), or
-    /// `withdrawn` when its runner was removed unused.
+    /// Assignment (one runner) → (its JIT config, publishes seen).
+    assignments: BTreeMap<String, (String, u32)>,
+    /// The listener's runner records: assignment → busy.
+    records: BTreeMap<String, bool>,
+    /// Assignment → the runner that took a job, and that job's task id.
+    claims: BTreeMap<String, (String, i64)>,
+    /// Assignment → how the job its runner took ended (and that job's task id), or
+    /// `withdrawn` (task id 0) when its runner was removed unused.
     finals: BTreeMap<String, (Outcome, i64, bool)>,
     /// Claims and terminals refused because they existed (redelivery).
     repeats: u32,
     cursor: Option<(String, i64)>,
     /// Most assignments not yet final at one time.
     peak_open: usize,
-    /// Jobs the trust guard refused: request id → reason.
+    /// Jobs the trust guard refused: task id → reason.
     refused: BTreeMap<i64, String>,
-    /// Claims and terminals for jobs the ledger does not hold.
+    /// Claims and terminals for assignments the ledger does not hold.
     ignored: u32,
 }
 
 impl Ledger {
-    /// The open assignment made for job `request_id`.
-    fn made_for(&self, request_id: i64) -> Option<String> {
-        self.assignments
-            .iter()
-            .filter(|(a, (r, _, _))| *r == request_id && !self.finals.contains_key(*a))
-            .map(|(a, _)| a.clone())
-            .next()
-    }
-
     /// Records a terminal once.
     fn finish(&mut self, assignment: &str, fin: (Outcome, i64, bool)) {
+        self.records.remove(assignment);
         if !self.assignments.contains_key(assignment) {
             self.ignored += 1;
             return;
@@ -63,6 +59,10 @@ impl Ledger {
                 v.insert(fin);
             }
         }
+    }
+
+    fn open(&self) -> usize {
+        self.assignments.len() - self.finals.len()
     }
 }
 
@@ -96,39 +96,61 @@ impl std::ops::Deref for Shared {
 
 impl Sink for Shared {
     async fn room(&self) -> usize {
-        let ledger = self.ledger();
-        let open = ledger.assignments.len() - ledger.finals.len();
+        let open = self.ledger().open();
         self.capacity.load(Ordering::SeqCst).saturating_sub(open)
     }
 
-    async fn assign(
-        &self,
-        assignment: &str,
-        job: &JobFacts,
-        jit: &JitConfig,
-    ) -> Result<(), SinkError> {
+    async fn runners(&self) -> Result<Vec<(String, RunnerRecord)>, SinkError> {
+        let mut ledger = self.ledger();
+        let records: Vec<(String, bool)> = ledger
+            .records
+            .iter()
+            .map(|(a, b)| (a.clone(), *b))
+            .collect();
+        let mut runners = Vec::new();
+        for (assignment, busy) in records {
+            if !ledger.assignments.contains_key(&assignment) {
+                runners.push((assignment, RunnerRecord::Unpublished));
+            } else if ledger.finals.contains_key(&assignment) {
+                ledger.records.remove(&assignment);
+            } else if busy {
+                runners.push((assignment, RunnerRecord::Busy));
+            } else {
+                runners.push((assignment, RunnerRecord::Free));
+            }
+        }
+        Ok(runners)
+    }
+
+    async fn prepare(&self, assignment: &str) -> Result<(), SinkError> {
+        self.ledger().records.insert(assignment.to_owned(), false);
+        Ok(())
+    }
+
+    async fn forget(&self, assignment: &str) -> Result<(), SinkError> {
+        self.ledger().records.remove(assignment);
+        Ok(())
+    }
+
+    async fn assign(&self, assignment: &str, jit: &JitConfig) -> Result<(), SinkError> {
         let call = self.assign_calls.fetch_add(1, Ordering::SeqCst) + 1;
         if self.fail_assign.load(Ordering::SeqCst) == call {
             return Err(SinkError("injected: the ledger is down".into()));
         }
         let mut ledger = self.ledger();
-        let entry = ledger.assignments.entry(assignment.to_owned()).or_insert((
-            job.task_id(),
-            jit.encoded.clone(),
-            0,
-        ));
-        entry.2 += 1;
-        let open = ledger.assignments.len() - ledger.finals.len();
+        let entry = ledger
+            .assignments
+            .entry(assignment.to_owned())
+            .or_insert((jit.encoded.clone(), 0));
+        entry.1 += 1;
+        let open = ledger.open();
         ledger.peak_open = ledger.peak_open.max(open);
         Ok(())
     }
 
-    async fn published(&self, assignment: &str) -> Result<bool, SinkError> {
-        Ok(self.ledger().assignments.contains_key(assignment))
-    }
-
-    async fn holder(&self, job: &JobFacts) -> Result<Option<String>, SinkError> {
-        Ok(self.ledger().made_for(job.task_id()))
+    async fn open(&self, assignment: &str) -> Result<bool, SinkError> {
+        let ledger = self.ledger();
+        Ok(ledger.assignments.contains_key(assignment) && !ledger.finals.contains_key(assignment))
     }
 
     async fn claimed(
@@ -143,11 +165,12 @@ impl Sink for Shared {
             ledger.ignored += 1;
             return Ok(());
         }
+        ledger.records.insert(assignment.to_owned(), true);
         let ledger = &mut *ledger;
         match ledger.claims.entry(assignment.to_owned()) {
             Entry::Occupied(_) => ledger.repeats += 1,
             Entry::Vacant(v) => {
-                v.insert((runner_name.to_owned(), 0, job.task_id()));
+                v.insert((runner_name.to_owned(), job.task_id()));
             }
         }
         Ok(())
@@ -164,32 +187,13 @@ impl Sink for Shared {
         Ok(())
     }
 
-    async fn made_for(&self, job: &JobFacts) -> Result<Option<String>, SinkError> {
-        Ok(self.ledger().made_for(job.task_id()))
-    }
-
-    async fn idle_runner(&self, assignment: &str) -> Result<bool, SinkError> {
-        let ledger = self.ledger();
-        Ok(ledger.assignments.contains_key(assignment) && !ledger.finals.contains_key(assignment))
-    }
-
-    async fn withdrawn(
-        &self,
-        assignment: &str,
-        job: &JobFacts,
-        outcome: &Outcome,
-    ) -> Result<(), SinkError> {
+    async fn withdrawn(&self, assignment: &str, _reason: &str) -> Result<(), SinkError> {
         self.ledger()
-            .finish(assignment, (outcome.clone(), job.task_id(), true));
+            .finish(assignment, (Outcome::Cancelled, 0, true));
         Ok(())
     }
 
-    async fn refused(
-        &self,
-        _assignment: &str,
-        job: &JobFacts,
-        reason: &str,
-    ) -> Result<(), SinkError> {
+    async fn refused(&self, job: &JobFacts, reason: &str) -> Result<(), SinkError> {
         self.ledger()
             .refused
             .insert(job.task_id(), reason.to_owned());
@@ -223,18 +227,21 @@ fn client(fake: &FakeGitHub) -> ScaleSetClient {
 }
 
 /// Plays the workloads: every assignment's runner starts with its JIT config and finishes
-/// (`failed` for every third job); a runner that finds no job polls again.
+/// (`failed` for every third job); a runner that finds no job polls again. An assignment
+/// final before its workload started (withdrawn, or lost) is never started.
 async fn workloads(fake: FakeGitHub, sink: Arc<MemorySink>, stop: CancellationToken) {
     let mut started: BTreeMap<String, i64> = BTreeMap::new();
     let mut waiting: Vec<(String, i64)> = Vec::new();
     while !stop.is_cancelled() {
-        let fresh: Vec<(String, String)> = sink
-            .ledger()
-            .assignments
-            .iter()
-            .filter(|(a, _)| !started.contains_key(*a))
-            .map(|(a, (_, jit, _))| (a.clone(), jit.clone()))
-            .collect();
+        let fresh: Vec<(String, String)> = {
+            let ledger = sink.ledger();
+            ledger
+                .assignments
+                .iter()
+                .filter(|(a, _)| !started.contains_key(*a) && !ledger.finals.contains_key(*a))
+                .map(|(a, (jit, _))| (a.clone(), jit.clone()))
+                .collect()
+        };
         for (assignment, jit) in fresh {
             let Ok((runner, job)) = fake.start_runner(&jit) else {
                 started.insert(assignment, 0);
@@ -285,7 +292,10 @@ fn spawn(
 
 /// Waits until the ledger holds `jobs` terminals.
 async fn all_final(run: &Run, jobs: usize) {
-    until("every job final", || run.sink.ledger().finals.len() == jobs).await;
+    until("every job final", || {
+        run.sink.ledger().finals.values().filter(|f| !f.2).count() == jobs
+    })
+    .await;
 }
 
 struct Run {
@@ -319,6 +329,7 @@ fn listener(run: &Run) -> Listener<Shared> {
         owner: "jr-test".into(),
         forge: "github".into(),
         max_capacity: 4,
+        min_idle: 0,
         work_folder: "_work".into(),
         guard: None,
         sink: Shared(run.sink.clone()),
@@ -341,21 +352,13 @@ fn task_id(run: &Run, request_id: i64) -> i64 {
 fn assert_all_final_once(run: &Run, jobs: &[i64]) {
     let named: Vec<i64> = jobs.iter().map(|j| task_id(run, *j)).collect();
     let ledger = run.sink.ledger();
-    // Counted before grouping by job, so a second assignment of one job shows; a job
-    // cancelled before it ran leaves its runner's assignment withdrawn.
-    let withdrawn = ledger.finals.values().filter(|f| f.2).count();
-    assert_eq!(
-        ledger.assignments.len(),
-        jobs.len() + withdrawn,
-        "assignments, one per job"
-    );
     for (job, named) in jobs.iter().zip(&named) {
         let finals: Vec<_> = ledger
             .finals
             .iter()
-            .filter(|(_, (_, r, _))| r == named)
+            .filter(|(_, (_, r, withdrawn))| r == named && !withdrawn)
             .collect();
-        let [(assignment, (outcome, _, withdrawn))] = finals[..] else {
+        let [(assignment, (outcome, _, _))] = finals[..] else {
             panic!("job {job}: terminals {finals:?}");
         };
         let expected = if job % 3 == 0 {
@@ -363,9 +366,9 @@ fn assert_all_final_once(run: &Run, jobs: &[i64]) {
         } else {
             Outcome::Succeeded
         };
-        assert_eq!((outcome, *withdrawn), (&expected, false), "job {job}");
+        assert_eq!(outcome, &expected, "job {job}");
         assert_eq!(
-            ledger.claims.get(assignment).map(|c| c.2),
+            ledger.claims.get(assignment).map(|c| c.1),
             Some(*named),
             "job {job} not claimed on the runner that finished it"
         );
@@ -375,11 +378,28 @@ fn assert_all_final_once(run: &Run, jobs: &[i64]) {
             "job {job} on GitHub: {state:?}"
         );
     }
+    // Every runner is final: it ran a job, or was withdrawn unused.
+    assert_eq!(
+        ledger.open(),
+        0,
+        "runners not final: {:?}",
+        ledger
+            .assignments
+            .keys()
+            .filter(|a| !ledger.finals.contains_key(*a))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(ledger.repeats, 0, "a claim or terminal recorded twice");
     assert!(
         run.fake.runners().is_empty(),
         "runners left: {:?}",
         run.fake.runners()
     );
+}
+
+/// Waits until the scale set is idle on the listener's side: every runner final.
+async fn all_runners_final(run: &Run) {
+    until("every runner final", || run.sink.ledger().open() == 0).await;
 }
 
 #[tokio::test]
@@ -402,13 +422,9 @@ async fn every_assigned_job_is_claimed_and_final_once_and_no_runner_is_left() {
         None,
         "the session was not deleted on shutdown"
     );
-    assert!(
-        run.sink
-            .ledger()
-            .assignments
-            .values()
-            .all(|(_, _, n)| *n == 1)
-    );
+    assert!(run.sink.ledger().assignments.values().all(|(_, n)| *n == 1));
+    // One runner per job: none made past what GitHub asked for.
+    assert_eq!(run.sink.ledger().assignments.len(), jobs.len());
 }
 
 #[tokio::test]
@@ -483,9 +499,9 @@ async fn a_failed_ledger_write_and_a_restart_lose_nothing_and_duplicate_nothing(
     let run = start(false, 100).await;
     let stop = CancellationToken::new();
     let work = tokio::spawn(workloads(run.fake.clone(), run.sink.clone(), stop.clone()));
-    // Four jobs in one message; the second one's publish fails after the first was
-    // published. The message is not deleted and comes again: the first assignment (and the
-    // runner in it) must stay as published, the second is made again.
+    // Four jobs; the second runner's publish fails after the first was published: the first
+    // assignment (and the runner in it) must stay as published, the second runner is removed
+    // from GitHub unused and another made.
     run.sink.fail_assign.store(2, Ordering::SeqCst);
     let mut jobs: Vec<i64> = (0..4)
         .map(|_| run.fake.enqueue(JobSpec::push(&["jetrunner"])))
@@ -493,10 +509,7 @@ async fn a_failed_ledger_write_and_a_restart_lose_nothing_and_duplicate_nothing(
     let first_stop = CancellationToken::new();
     let first = listener(&run);
     let handle = spawn(first, &first_stop, true);
-    until("the first jobs final", || {
-        run.sink.ledger().finals.len() == jobs.len()
-    })
-    .await;
+    all_final(&run, jobs.len()).await;
     // The listener stops without deleting its session, as a crash would leave it.
     first_stop.cancel();
     handle.await.expect("join").expect("listener");
@@ -517,7 +530,7 @@ async fn a_failed_ledger_write_and_a_restart_lose_nothing_and_duplicate_nothing(
     // Every runner whose config the ledger holds ran a job; the only runner removed unused
     // is the one made for the failed publish.
     let ledger = run.sink.ledger();
-    let published: Vec<&String> = ledger.assignments.values().map(|(_, jit, _)| jit).collect();
+    let published: Vec<&String> = ledger.assignments.values().map(|(jit, _)| jit).collect();
     let removed = run.fake.removed_runners();
     for runner in &removed {
         if published.contains(&&runner.encoded_jit_config) {
@@ -585,13 +598,14 @@ async fn a_trusted_scale_set_refuses_fork_code_and_runs_the_rest() {
     let ledger = run.sink.ledger();
     for fork in &forks {
         assert!(
-            ledger.refused[fork].contains("fork pull request"),
+            ledger.refused[&task_id(&run, *fork)].contains("fork pull request"),
             "{:?}",
             ledger.refused
         );
+        let fork = task_id(&run, *fork);
         assert!(
-            ledger.assignments.values().all(|(r, _, _)| r != fork),
-            "a fork's job got an assignment"
+            ledger.claims.values().all(|(_, job)| *job != fork),
+            "a fork's job ran on a runner of ours"
         );
     }
     assert!(
@@ -603,7 +617,7 @@ async fn a_trusted_scale_set_refuses_fork_code_and_runs_the_rest() {
 }
 
 #[tokio::test]
-async fn a_job_cancelled_before_it_runs_withdraws_one_idle_runner_and_the_rest_run() {
+async fn a_job_cancelled_before_it_runs_leaves_its_runner_until_the_scale_set_is_idle() {
     let run = start(false, 100).await;
     let stop = CancellationToken::new();
     let handle = spawn(listener(&run), &stop, false);
@@ -614,29 +628,127 @@ async fn a_job_cancelled_before_it_runs_withdraws_one_idle_runner_and_the_rest_r
         run.sink.ledger().assignments.len() == jobs.len()
     })
     .await;
-    // Before any workload starts its runner, one job is cancelled: its runner is one too many.
+    // Before any workload starts its runner, one job is cancelled: one runner is too many,
+    // but while jobs wait any free runner may be the one GitHub hands the next job to.
     run.fake.cancel(jobs[1]);
-    until("a runner withdrawn", || run.sink.ledger().finals.len() == 1).await;
     let work = tokio::spawn(workloads(run.fake.clone(), run.sink.clone(), stop.clone()));
-    all_final(&run, jobs.len()).await;
+    let rest = [jobs[0], jobs[2], jobs[3]];
+    all_final(&run, rest.len()).await;
+    // The scale set is idle now: the runner left over is removed unused.
+    all_runners_final(&run).await;
     stop.cancel();
     handle.await.expect("join").expect("listener");
     work.await.expect("workloads");
-    let rest = [jobs[0], jobs[2], jobs[3]];
     assert_all_final_once(&run, &rest);
     let ledger = run.sink.ledger();
     let withdrawn: Vec<_> = ledger.finals.values().filter(|f| f.2).collect();
     assert_eq!(
         withdrawn,
-        vec![&(Outcome::Cancelled, jobs[1], true)],
+        vec![&(Outcome::Cancelled, 0, true)],
         "{:?}",
         ledger.finals
     );
-    // The withdrawn runner was removed before it could take a job.
-    let removed = run.fake.removed_runners();
+    assert_eq!(ledger.assignments.len(), jobs.len());
+}
+
+#[tokio::test]
+async fn a_runner_lost_before_it_took_a_job_is_made_again() {
+    let run = start(false, 100).await;
+    let stop = CancellationToken::new();
+    let handle = spawn(listener(&run), &stop, false);
+    let jobs: Vec<i64> = (0..3)
+        .map(|_| run.fake.enqueue(JobSpec::push(&["jetrunner"])))
+        .collect();
+    until("a runner made for every job", || {
+        run.sink.ledger().assignments.len() == jobs.len()
+    })
+    .await;
+    // One workload is lost before its runner started: `fail-task` removes the runner from
+    // GitHub and ends its assignment as withdrawn. Nothing else tells the listener; GitHub
+    // still has three jobs waiting.
+    let lost = run
+        .sink
+        .ledger()
+        .assignments
+        .keys()
+        .next()
+        .cloned()
+        .expect("a runner");
+    let name = jr_github::listener::runner_name(&lost, 1);
+    let runner = client(&run.fake)
+        .runner_by_name(&name)
+        .await
+        .expect("lookup")
+        .expect("registered");
+    client(&run.fake)
+        .remove_runner(runner.id)
+        .await
+        .expect("remove");
+    Shared(run.sink.clone())
+        .withdrawn(&lost, "workload lost")
+        .await
+        .expect("withdrawn");
+    until("the lost runner made again", || {
+        run.sink.ledger().assignments.len() == jobs.len() + 1
+    })
+    .await;
+    let work = tokio::spawn(workloads(run.fake.clone(), run.sink.clone(), stop.clone()));
+    all_final(&run, jobs.len()).await;
+    all_runners_final(&run).await;
+    stop.cancel();
+    handle.await.expect("join").expect("listener");
+    work.await.expect("workloads");
+    assert_all_final_once(&run, &jobs);
     assert_eq!(
-        removed.iter().filter(|r| !r.started).count(),
+        run.sink.ledger().finals.values().filter(|f| f.2).count(),
         1,
-        "{removed:?}"
+        "only the lost runner withdrawn"
     );
+}
+
+#[tokio::test]
+async fn warm_runners_wait_for_jobs_and_min_idle_is_kept() {
+    let run = start(false, 100).await;
+    let stop = CancellationToken::new();
+    let mut l = listener(&run);
+    l.min_idle = 2;
+    let handle = spawn(l, &stop, false);
+    until("two warm runners", || {
+        run.sink.ledger().assignments.len() == 2
+    })
+    .await;
+    let warm: BTreeSet<String> = run.sink.ledger().assignments.keys().cloned().collect();
+    // Their workloads start them before any job exists: they register and wait.
+    let work = tokio::spawn(workloads(run.fake.clone(), run.sink.clone(), stop.clone()));
+    until("the warm runners online", || {
+        run.fake.runners().iter().filter(|r| r.started).count() == 2
+    })
+    .await;
+    let job = run.fake.enqueue(JobSpec::push(&["jetrunner"]));
+    all_final(&run, 1).await;
+    // The job ran on a runner made before it, and a new one keeps two idle.
+    let ran_on = run
+        .sink
+        .ledger()
+        .finals
+        .iter()
+        .find(|(_, f)| !f.2)
+        .map(|(a, _)| a.clone())
+        .expect("the job's final");
+    assert!(
+        warm.contains(&ran_on),
+        "the job did not run on a warm runner"
+    );
+    until("two idle runners again", || {
+        let ledger = run.sink.ledger();
+        ledger.open() == 2 && ledger.assignments.len() == 3
+    })
+    .await;
+    stop.cancel();
+    handle.await.expect("join").expect("listener");
+    work.await.expect("workloads");
+    assert!(matches!(
+        run.fake.job(job).map(|j| j.state),
+        Some(JobState::Completed { .. })
+    ));
 }

@@ -23,7 +23,7 @@ pub struct Context {
 /// Handles one command delivered on the scheduler's consumer.
 pub async fn handle(ctx: &Context, delivery: Delivery) -> Disposition {
     match delivery.envelope.kind() {
-        Kind::Redispatch => redispatch::handle(&ctx.bus, &ctx.sealer, delivery).await,
+        Kind::Redispatch => redispatch::handle(ctx, delivery).await,
         Kind::FailTask => fail_task::handle(ctx, delivery).await,
         other => Disposition::Term(format!(
             "{} is not a command the scheduler executes",

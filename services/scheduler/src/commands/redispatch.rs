@@ -14,13 +14,11 @@
 
 use std::time::Duration;
 
-use jr_bus::{Bus, Delivery, Disposition};
+use jr_bus::{Delivery, Disposition};
 use jr_protocol::{
     AssignmentId, Envelope, Kind, Message, Redispatch, Redispatched, STREAM_ASSIGNMENTS, now_ms,
     subject,
 };
-
-use jr_seal::Sealer;
 
 /// What one `redispatch` command leads to.
 #[derive(Clone, Debug, PartialEq)]
@@ -114,7 +112,8 @@ pub fn decide(
 
 const RETRY: Duration = Duration::from_secs(2);
 
-pub async fn handle(bus: &Bus, sealer: &Sealer, delivery: Delivery) -> Disposition {
+pub async fn handle(ctx: &super::Context, delivery: Delivery) -> Disposition {
+    let (bus, sealer) = (&ctx.bus, &*ctx.sealer);
     let envelope = delivery.envelope;
     let id = envelope.assignment_id;
     let Message::Redispatch(command) = &envelope.message else {
@@ -157,6 +156,9 @@ pub async fn handle(bus: &Bus, sealer: &Sealer, delivery: Delivery) -> Dispositi
         }
         Plan::EventOnly { event } => event,
         Plan::Publish { assignment, event } => {
+            if let Some(ended) = end_instead(ctx, &assignment, command).await {
+                return ended;
+            }
             if let Err(e) = bus.publish(&assignment_subject, &assignment).await {
                 tracing::warn!(assignment = %id, error = %e, "cannot publish the new attempt; retrying");
                 return Disposition::Nak(Some(RETRY));
@@ -180,11 +182,43 @@ pub async fn handle(bus: &Bus, sealer: &Sealer, delivery: Delivery) -> Dispositi
     }
 }
 
+/// A forge that cannot start an attempt again (a runner-bound forge: its runner's
+/// registration works once) ends the lost attempt instead, and its intake makes a fresh runner:
+/// what to do with the command then. `None`: publish the new attempt.
+async fn end_instead(
+    ctx: &super::Context,
+    assignment: &Envelope,
+    command: &Redispatch,
+) -> Option<Disposition> {
+    let Message::Assignment(a) = &assignment.message else {
+        return None;
+    };
+    let kind = a.forge_kind();
+    let forge = ctx
+        .forges
+        .iter()
+        .find(|f| f.serves(&kind) && f.ends_lost_attempts())?;
+    tracing::info!(assignment = %assignment.assignment_id, reason = %command.reason, "lost attempt of a runner-bound forge ended instead of redispatched; its intake makes a fresh runner");
+    Some(
+        forge
+            .fail_task(jr_intake::LostTask {
+                id: assignment.assignment_id,
+                attempt: assignment.attempt.saturating_sub(1).max(1),
+                backend: &command.backend,
+                forge_task_id: a.forge_task_id,
+                forge: &kind,
+                reason: &command.reason,
+            })
+            .await,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use jr_forge::proto::runner::v1::Task;
     use jr_protocol::{Assignment, BackendName, SealedTask};
+    use jr_seal::Sealer;
     use prost::Message as _;
 
     fn backend(name: &str) -> BackendName {
