@@ -174,6 +174,7 @@ async fn github_jobs_become_sealed_assignments_claimed_and_final_once() {
             backend: pod(),
             max_duration: Duration::from_secs(3600),
             room: jr_github_intake::ledger::Room::Fixed(10),
+            records: Default::default(),
         },
     };
 
@@ -379,6 +380,7 @@ async fn jobs_without_a_request_id_get_one_assignment_claim_and_terminal_naming_
             backend: pod(),
             max_duration: Duration::from_secs(3600),
             room: jr_github_intake::ledger::Room::Fixed(10),
+            records: Default::default(),
         },
     };
     let stop = CancellationToken::new();

@@ -495,6 +495,9 @@ fn github_entries_load_with_defaults_and_bad_ones_name_their_key() {
         (g.scale_set.as_str(), g.runner_group.as_str(), g.max_runners),
         ("jetrunner", "default", None)
     );
+    assert_eq!(g.min_idle, 0);
+    let warm = load_env(&format!("{MINIMAL}{entry}min_idle = 1\n"), &[]).expect("warm runners");
+    assert_eq!(warm.github[0].min_idle, 1);
     assert!(
         !format!("{c:?}").contains("ghp_x"),
         "the PAT shows in Debug"
@@ -529,6 +532,11 @@ app_private_key_file = "/run/key.pem"
             "github[0].url",
         ),
         (format!("{entry}{entry}"), "github[1].name"),
+        (
+            format!("{entry}max_runners = 2\nmin_idle = 3\n"),
+            "github[0].min_idle",
+        ),
+        (format!("{entry}min_idle = 1000\n"), "github[0].min_idle"),
     ] {
         let err = load_env(&format!("{MINIMAL}{bad}"), &[]).expect_err(key);
         assert!(err.to_string().contains(key), "{key}: {err}");

@@ -188,6 +188,7 @@ impl GitHubForge {
                     room: Room::Backend {
                         lookahead: self.lookahead,
                     },
+                    records: Default::default(),
                 },
             };
             let stop = shutdown.child_token();

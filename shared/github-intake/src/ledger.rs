@@ -17,12 +17,14 @@
 //!   job's `jobId` (the protocol's messages carry no other field for a GitHub job id).
 //! - A runner removed unused (beyond `min_idle` on an idle scale set) gets a `terminal` with
 //!   source `withdrawn`.
-//! - The runners the listener holds are kept in the scheduler's KV bucket `JR_SCHEDULER`
-//!   (`github.<forge>.runner.<assignment>`: `made` before its JIT config is made, `busy` once
-//!   GitHub says it took a job), and so is the session cursor (`github.<forge>.cursor`), so a
-//!   restarted scheduler or a new leader goes on where the last one stopped. A record whose
-//!   assignment is final is dropped when the runners are next read.
+//! - The runners the listener holds are kept in the scheduler's KV bucket `JR_SCHEDULER`, as
+//!   one JSON object under `github.<forge>.runners` (assignment → `made` before its JIT config
+//!   is made, `busy` once GitHub says it took a job; written only by the listener, which holds
+//!   the entry's lease), and so is the session cursor (`github.<forge>.cursor`), so a restarted
+//!   scheduler or a new leader goes on where the last one stopped. A record whose assignment
+//!   is final is dropped when the runners are next read, and when its terminal is published.
 
+use std::collections::BTreeMap;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -64,6 +66,8 @@ pub struct JetStreamSink {
     pub backend: BackendName,
     pub max_duration: Duration,
     pub room: Room,
+    /// The runner records as last written (see the module notes).
+    pub records: std::sync::Mutex<BTreeMap<String, String>>,
 }
 
 fn sink_error(what: &str, e: impl std::fmt::Display) -> SinkError {
@@ -86,23 +90,61 @@ fn task_result(outcome: &Outcome) -> TaskResult {
 }
 
 impl JetStreamSink {
-    fn runner_prefix(&self) -> String {
-        format!("github.{}.runner.", self.forge)
-    }
-
-    fn runner_key(&self, assignment: &str) -> String {
-        format!("{}{assignment}", self.runner_prefix())
+    fn runners_key(&self) -> String {
+        format!("github.{}.runners", self.forge)
     }
 
     fn cursor_key(&self) -> String {
         format!("github.{}.cursor", self.forge)
     }
 
-    async fn drop_record(&self, assignment: &str) -> Result<(), SinkError> {
+    /// Changes the runner records and writes them.
+    async fn write_records(
+        &self,
+        change: impl FnOnce(&mut BTreeMap<String, String>) -> bool,
+    ) -> Result<(), SinkError> {
+        let text = {
+            let mut records = self
+                .records
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if !change(&mut records) {
+                return Ok(());
+            }
+            serde_json::to_vec(&*records).map_err(|e| sink_error("runner records", e))?
+        };
         self.kv
-            .delete(self.runner_key(assignment))
+            .put(self.runners_key(), text.into())
             .await
-            .map_err(|e| sink_error("runner record", e))
+            .map(|_| ())
+            .map_err(|e| sink_error("runner records", e))
+    }
+
+    /// Records a new runner as `made`.
+    async fn add_record(&self, assignment: &str) -> Result<(), SinkError> {
+        self.write_records(|records| {
+            records
+                .insert(assignment.to_owned(), "made".to_owned())
+                .is_none()
+        })
+        .await
+    }
+
+    /// Marks a recorded runner `busy` (one with no record is final, or not this forge's).
+    async fn mark_busy(&self, assignment: &str) -> Result<(), SinkError> {
+        self.write_records(|records| match records.get_mut(assignment) {
+            Some(state) if state != "busy" => {
+                "busy".clone_into(state);
+                true
+            }
+            _ => false,
+        })
+        .await
+    }
+
+    async fn drop_record(&self, assignment: &str) -> Result<(), SinkError> {
+        self.write_records(|records| records.remove(assignment).is_some())
+            .await
     }
 
     /// The attempt `id`'s assignment is at, if it was published (the listener may name one
@@ -206,50 +248,43 @@ impl Sink for JetStreamSink {
     }
 
     async fn runners(&self) -> Result<Vec<(String, RunnerRecord)>, SinkError> {
-        use futures::TryStreamExt as _;
-        let prefix = self.runner_prefix();
-        let keys: Vec<String> = self
-            .kv
-            .keys()
-            .await
-            .map_err(|e| sink_error("runner records", e))?
-            .try_filter(|key| std::future::ready(key.starts_with(&prefix)))
-            .try_collect()
-            .await
-            .map_err(|e| sink_error("runner records", e))?;
+        let stored: BTreeMap<String, String> = match self.kv.get(self.runners_key()).await {
+            Ok(Some(value)) => serde_json::from_slice(&value).unwrap_or_else(|e| {
+                tracing::error!(key = %self.runners_key(), error = %e, "the runner records cannot be read; starting without them (runners they named end at their claim timeout or max duration)");
+                BTreeMap::new()
+            }),
+            Ok(None) => BTreeMap::new(),
+            Err(e) => return Err(sink_error("runner records", e)),
+        };
         let mut runners = Vec::new();
-        for key in keys {
-            let assignment = key[prefix.len()..].to_owned();
-            let id = assignment_id(&assignment)?;
+        let mut kept = BTreeMap::new();
+        for (assignment, state) in stored {
+            let Ok(id) = assignment_id(&assignment) else {
+                tracing::warn!(%assignment, "a runner record that names no assignment; dropped");
+                continue;
+            };
             if !self.is_published(id).await? {
-                runners.push((assignment, RunnerRecord::Unpublished));
+                runners.push((assignment.clone(), RunnerRecord::Unpublished));
+            } else if self.has_event(id, Kind::Terminal).await? {
                 continue;
-            }
-            if self.has_event(id, Kind::Terminal).await? {
-                self.drop_record(&assignment).await?;
-                continue;
-            }
-            let busy = match self.kv.get(&key).await {
-                Ok(value) => value.is_some_and(|v| v.as_ref() == b"busy"),
-                Err(e) => return Err(sink_error("runner record", e)),
-            };
-            let record = if busy {
-                RunnerRecord::Busy
+            } else if state == "busy" {
+                runners.push((assignment.clone(), RunnerRecord::Busy));
             } else {
-                RunnerRecord::Free
-            };
-            runners.push((assignment, record));
+                runners.push((assignment.clone(), RunnerRecord::Free));
+            }
+            kept.insert(assignment, state);
         }
+        self.write_records(|records| {
+            *records = kept;
+            true
+        })
+        .await?;
         Ok(runners)
     }
 
     async fn prepare(&self, assignment: &str) -> Result<(), SinkError> {
         assignment_id(assignment)?;
-        self.kv
-            .put(self.runner_key(assignment), b"made".to_vec().into())
-            .await
-            .map(|_| ())
-            .map_err(|e| sink_error("runner record", e))
+        self.add_record(assignment).await
     }
 
     async fn forget(&self, assignment: &str) -> Result<(), SinkError> {
@@ -304,10 +339,7 @@ impl Sink for JetStreamSink {
             tracing::info!(%runner_name, job = %job.key(), "a runner this forge did not publish took a job; ignored");
             return Ok(());
         };
-        self.kv
-            .put(self.runner_key(assignment), b"busy".to_vec().into())
-            .await
-            .map_err(|e| sink_error("runner record", e))?;
+        self.mark_busy(assignment).await?;
         let envelope = Envelope::new(
             format!("claimed:{id}:{attempt}:github"),
             jr_protocol::now_ms(),

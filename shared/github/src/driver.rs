@@ -299,13 +299,15 @@ impl<S: Sink> Listener<S> {
         Ok(ListenerState::new(held))
     }
 
-    /// The most runners the listener can run now, announced to the service: the runners it
-    /// holds and the room the backends have, at most `max_capacity`.
+    /// The most jobs the listener can run now, announced to the service: the runners it holds
+    /// (busy, or free to take a job) and the runners the backend's room allows it to make, at
+    /// most `max_capacity`. Jobs assigned beyond the runners would only wait; counting them
+    /// would let every announcement raise the next.
     async fn capacity(&self, state: &ListenerState) -> u32 {
         let held = state.free_runners().len() + state.busy_runners();
-        let open = held
-            .max(state.jobs_held())
-            .saturating_add(self.sink.room().await);
+        let room = self.sink.room().await;
+        let open = held.saturating_add(room);
+        tracing::debug!(held, jobs = state.jobs_held(), room, "capacity announced");
         u32::try_from(open)
             .unwrap_or(u32::MAX)
             .min(self.max_capacity)

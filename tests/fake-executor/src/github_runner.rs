@@ -92,7 +92,19 @@ pub async fn run_github_runner(cfg: GitHubRunnerConfig) -> Result<GitHubRunnerRe
         job = polled["job"].as_i64();
     }
     let request_id = job.unwrap_or_default();
-    tokio::time::sleep(cfg.job_time).await;
+    // The job "runs"; the runner keeps renewing it, as the real one does, so a runner that
+    // stops (its workload killed) is found lost.
+    let done = tokio::time::Instant::now() + cfg.job_time;
+    while tokio::time::Instant::now() < done {
+        let pause = cfg.poll_interval.min(done - tokio::time::Instant::now());
+        tokio::time::sleep(pause).await;
+        post(
+            &http,
+            format!("{base}/_fake/runner/{runner}/poll"),
+            json!({}),
+        )
+        .await?;
+    }
     let result = github_result(request_id);
     post(
         &http,

@@ -322,6 +322,20 @@ impl FakeGitHub {
             addr,
         });
         let app = router(shared.clone());
+        // Runners that went silent mid-job are found without waiting for a request.
+        let sweeper = Arc::downgrade(&shared);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                let Some(shared) = sweeper.upgrade() else {
+                    return;
+                };
+                let swept = lock(&shared.world).sweep_lost_runners(std::time::Instant::now());
+                if swept {
+                    shared.changed.notify_waiters();
+                }
+            }
+        });
         tokio::spawn(async move {
             if let Err(error) = axum::serve(listener, app).await {
                 tracing::error!(%error, "fake GitHub server stopped");
@@ -341,6 +355,12 @@ impl FakeGitHub {
 
     fn changed(&self) {
         self.shared.changed.notify_waiters();
+    }
+
+    /// A runner silent `after` while it runs a job is lost: its job ends `failed` (default:
+    /// never).
+    pub fn set_runner_lost_after(&self, after: Option<Duration>) {
+        self.world().runner_lost_after = after;
     }
 
     /// Queues a job; returns its `runnerRequestId`.

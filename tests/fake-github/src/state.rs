@@ -72,6 +72,8 @@ pub struct Job {
     pub cancel_requested: bool,
     /// The runner that took it, if one did.
     pub runner: Option<i64>,
+    /// Its runner went silent while it ran ([`World::runner_lost_after`]): it ended `failed`.
+    pub runner_lost: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -122,6 +124,8 @@ pub struct Runner {
     /// The JIT config was used to start it (it works once).
     pub started: bool,
     pub job: Option<i64>,
+    /// When the runner last talked to the service (started, polled, renewed its job).
+    pub last_seen: Option<std::time::Instant>,
 }
 
 /// Everything the fake knows.
@@ -145,6 +149,9 @@ pub struct World {
     /// Jobs queued now carry `runnerRequestId` 0 in their messages and are known by `jobId`
     /// only, as github.com has sent them since 2025 (garm PR #459).
     pub zero_request_ids: bool,
+    /// A runner silent this long while it runs a job is lost: the job ends `failed` and the
+    /// runner is removed, as GitHub does when a runner stops renewing its job. `None`: never.
+    pub runner_lost_after: Option<std::time::Duration>,
 }
 
 /// Times a job is assigned before it stays cancelled (a runner never started each time).
@@ -289,6 +296,7 @@ impl World {
                 assignments: 0,
                 cancel_requested: false,
                 runner: None,
+                runner_lost: false,
             },
         );
         self.route(request_id);
@@ -416,12 +424,16 @@ impl World {
             return Err("JIT config already used");
         }
         runner.started = true;
+        runner.last_seen = Some(std::time::Instant::now());
         let runner = runner.clone();
         Ok(self.take_job(&runner).map(|job| (runner.id, job)))
     }
 
     /// A started runner without a job looks again (the real runner keeps polling).
     pub fn runner_poll(&mut self, runner_id: i64) -> Option<i64> {
+        if let Some(r) = self.runners.get_mut(&runner_id) {
+            r.last_seen = Some(std::time::Instant::now());
+        }
         let runner = self.runners.get(&runner_id)?.clone();
         if !runner.started || runner.job.is_some() {
             return runner.job;
@@ -479,6 +491,39 @@ impl World {
         }
         self.route_queued();
         Ok(())
+    }
+
+    /// Ends the jobs of runners silent past [`World::runner_lost_after`]: `JobCompleted
+    /// {failed}` naming the runner, which is removed. `true` when one was.
+    pub fn sweep_lost_runners(&mut self, now: std::time::Instant) -> bool {
+        let Some(after) = self.runner_lost_after else {
+            return false;
+        };
+        let lost: Vec<Runner> = self
+            .runners
+            .values()
+            .filter(|r| {
+                r.job.is_some()
+                    && r.last_seen
+                        .is_some_and(|seen| now.duration_since(seen) > after)
+            })
+            .cloned()
+            .collect();
+        for runner in &lost {
+            if let Some(job) = runner.job {
+                if let Some(j) = self.jobs.get_mut(&job) {
+                    j.runner_lost = true;
+                }
+                self.complete(job, "failed", Some(runner));
+            }
+            if let Some(r) = self.runners.remove(&runner.id) {
+                self.removed_runners.push(r);
+            }
+        }
+        if !lost.is_empty() {
+            self.route_queued();
+        }
+        !lost.is_empty()
     }
 
     pub fn statistics(&self, set: i64) -> Value {

@@ -104,6 +104,8 @@ pub struct SystemSpec {
     pub github_backend: &'static str,
     /// `[[github]] max_runners` (default: the backend's capacity plus its lookahead).
     pub github_max_runners: Option<u32>,
+    /// `[[github]] min_idle`: warm GitHub runners kept registered and idle.
+    pub github_min_idle: u32,
     /// The vm-worker (and with standbys `vm-worker-b`) is never started, although the VM
     /// backend stays configured: a deployment of the pod-worker alone. Start-up then waits for
     /// the other services only; [`System::violations`] still counts VM jobs the forge has not
@@ -157,6 +159,7 @@ impl Default for SystemSpec {
             github: false,
             github_backend: "pod",
             github_max_runners: None,
+            github_min_idle: 0,
             no_vm_worker: false,
             no_gitea: false,
             forge_faults: None,
@@ -393,6 +396,8 @@ impl System {
             let fake = jr_fake_github::FakeGitHub::start(GITHUB_PAT).await?;
             // Jobs wait for runners to start; the listener's long poll is held as GitHub does.
             fake.set_poll_hold(Duration::from_secs(5));
+            // A runner killed with its workload stops renewing its job: GitHub fails the job.
+            fake.set_runner_lost_after(Some(Duration::from_secs(5)));
             if spec.github_refuses_token {
                 fake.set_pat("ghp_another-token");
             }
@@ -463,8 +468,9 @@ impl System {
         };
         let github_toml = match &github_url {
             Some(api) => format!(
-                "\n[[forge]]\nkind = \"github\"\nname = \"gh\"\nurl = \"https://github.com/acme\"\napi_url = \"{api}\"\nbackend = \"{}\"\npat = \"{GITHUB_PAT}\"\n{}",
+                "\n[[forge]]\nkind = \"github\"\nname = \"gh\"\nurl = \"https://github.com/acme\"\napi_url = \"{api}\"\nbackend = \"{}\"\npat = \"{GITHUB_PAT}\"\nmin_idle = {}\n{}",
                 spec.github_backend,
+                spec.github_min_idle,
                 spec.github_max_runners
                     .map(|n| format!("max_runners = {n}\n"))
                     .unwrap_or_default()
@@ -720,7 +726,12 @@ impl System {
         for job in github.jobs() {
             match &job.state {
                 jr_fake_github::JobState::Completed { result } => {
-                    let expected = jr_fake_executor::github_runner::github_result(job.request_id);
+                    // A job whose runner was killed with its workload fails on GitHub.
+                    let expected = if job.runner_lost {
+                        "failed"
+                    } else {
+                        jr_fake_executor::github_runner::github_result(job.request_id)
+                    };
                     if !touched.contains(&job.request_id) && result != expected {
                         v.push(format!(
                             "GitHub job {} ended {result:?}, its runner reports {expected:?}",

@@ -136,6 +136,7 @@ async fn github_assigns_no_more_jobs_than_capacity_and_lookahead() -> anyhow::Re
         lookahead,
         github: true,
         github_max_runners: Some(100),
+        log_filter: "info,jr_github=debug".into(),
         ..Default::default()
     })
     .await?;
@@ -146,6 +147,9 @@ async fn github_assigns_no_more_jobs_than_capacity_and_lookahead() -> anyhow::Re
         .as_ref()
         .expect("github")
         .peak_open(scale_set(&system));
+    if peak > capacity + lookahead {
+        let _ = jr_scenarios::chaos::keep_logs(&system, "github-pacing");
+    }
     assert!(
         peak <= capacity + lookahead,
         "{peak} jobs assigned to the scale set at once; capacity {capacity} + lookahead {lookahead}"
@@ -217,10 +221,10 @@ async fn github_jobs_survive_the_leading_scheduler_killed() -> anyhow::Result<()
     Ok(())
 }
 
-/// The chaos suite's service, NATS and PostgreSQL faults while GitHub jobs arrive in waves:
-/// every job final once with its runner's result, no runner, workload or runner config left
-/// behind. Pod evictions and sandbox failures are not drawn: the fake GitHub does not model a
-/// runner lost in the middle of a job (see docs/github.md).
+/// The chaos suite's service, NATS and PostgreSQL faults and Pod evictions while GitHub jobs
+/// arrive in waves: every job final once (with its runner's result, or `failed` where its
+/// runner was evicted mid-job), no runner, workload or runner config left behind. A runner
+/// evicted before it took a job is made again, so every job still runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn github_jobs_under_chaos_keep_every_invariant() -> anyhow::Result<()> {
     use jr_scenarios::chaos::{Chaos, ChaosConfig, SERVICES, keep_logs, seed_from_env};
@@ -243,7 +247,12 @@ async fn github_jobs_under_chaos_keep_every_invariant() -> anyhow::Result<()> {
         .max(30);
     let wave_count = u32::try_from(secs / 5).unwrap_or(6).max(6) - 2;
     let mut config = ChaosConfig::new(seed, Duration::from_secs(secs));
-    config.kinds = vec!["kill-service", "restart-nats", "restart-postgres"];
+    config.kinds = vec![
+        "kill-service",
+        "restart-nats",
+        "restart-postgres",
+        "evict-pod",
+    ];
     let mut chaos = Chaos::new(config);
     let mut waves = 0u32;
     let mut jobs = Vec::new();
@@ -276,7 +285,7 @@ async fn github_jobs_under_chaos_keep_every_invariant() -> anyhow::Result<()> {
             chaos.log()
         );
     }
-    for kind in ["restart-nats", "restart-postgres"] {
+    for kind in ["restart-nats", "restart-postgres", "evict-pod"] {
         assert!(chaos.count(kind) > 0, "no {kind}\n{}", chaos.log());
     }
     assert_eq!(jobs.len(), 6 * wave_count as usize);
@@ -307,5 +316,76 @@ async fn github_jobs_run_next_to_warm_executors_without_taking_them() -> anyhow:
         .filter(|l| l.contains("starting the GitHub runner"))
         .count();
     assert_eq!(starts, jobs.len(), "GitHub runner starts");
+    Ok(())
+}
+
+/// Warm GitHub runners (`min_idle = 2`): two runners are made, registered and idle before any
+/// job exists; the first jobs start on them, and when the jobs are over two idle runners are
+/// left, each in a workload of its own (and nothing else).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn warm_github_runners_take_the_first_jobs_and_min_idle_stays() -> anyhow::Result<()> {
+    let mut system = System::start(SystemSpec {
+        pod_capacity: 4,
+        vm_capacity: 3,
+        github: true,
+        github_min_idle: 2,
+        no_gitea: true,
+        ..Default::default()
+    })
+    .await?;
+    let github = system.github.clone().expect("github");
+    let online = |github: &jr_fake_github::FakeGitHub| {
+        github
+            .runners()
+            .iter()
+            .filter(|r| r.started && r.job.is_none())
+            .map(|r| r.id)
+            .collect::<HashSet<i64>>()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while online(&github).len() < 2 {
+        if tokio::time::Instant::now() > deadline {
+            return Err(failure(&mut system, &HashSet::new(), "no two warm runners online").await);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let warm = online(&github);
+    let jobs = system.enqueue_github(5);
+    if let Err(e) = system.wait_github_final(Duration::from_secs(120)).await {
+        return Err(failure(&mut system, &HashSet::new(), e).await);
+    }
+    let on_warm = jobs
+        .iter()
+        .filter_map(|j| github.job(*j).and_then(|j| j.runner))
+        .filter(|r| warm.contains(r))
+        .count();
+    anyhow::ensure!(
+        on_warm == 2,
+        "{on_warm} of the jobs ran on the two runners made before them"
+    );
+    // Two idle runners again, each in its own workload; every job final once.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let idle = online(&github).len();
+        let registered = github.runners().len();
+        let workloads = system.kube.pods(jr_scenarios::system::JOBS_NAMESPACE).len();
+        if idle == 2 && registered == 2 && workloads == 2 {
+            break;
+        }
+        if tokio::time::Instant::now() > deadline {
+            return Err(failure(
+                &mut system,
+                &HashSet::new(),
+                format!("at the end: {idle} idle runners online, {registered} registered, {workloads} Pods"),
+            )
+            .await);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut violations = system.github_violations(&HashSet::new());
+    // The two warm runners are meant to stay registered.
+    violations.retain(|v| !v.contains("left registered (started true, job None)"));
+    violations.extend(system.github_bus_violations().await?);
+    anyhow::ensure!(violations.is_empty(), "{violations:#?}");
     Ok(())
 }

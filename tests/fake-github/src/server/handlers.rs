@@ -474,6 +474,7 @@ async fn generate_jit(
             encoded_jit_config: encoded.clone(),
             started: false,
             job: None,
+            last_seen: None,
         };
         let reply = json!({"runner": runner_json(&runner), "encodedJITConfig": encoded});
         world.runners.insert(runner_id, runner);
