@@ -322,6 +322,21 @@ impl Sink for JetStreamSink {
             .map_err(|e| sink_error("publish assignment", e))
     }
 
+    async fn backend_waiting(&self) -> usize {
+        match &self.room {
+            Room::Fixed(_) => 0,
+            Room::Backend { .. } => jr_intake::presence::waiting(&self.bus, &self.backend)
+                .await
+                .and_then(|n| usize::try_from(n).ok())
+                .unwrap_or(0),
+        }
+    }
+
+    async fn started(&self, assignment: &str) -> Result<bool, SinkError> {
+        self.has_event(assignment_id(assignment)?, Kind::Claimed)
+            .await
+    }
+
     async fn open(&self, assignment: &str) -> Result<bool, SinkError> {
         let id = assignment_id(assignment)?;
         Ok(self.is_published(id).await? && !self.has_event(id, Kind::Terminal).await?)

@@ -67,6 +67,12 @@ pub trait Sink: Send + Sync {
         assignment: &str,
         jit: &JitConfig,
     ) -> impl Future<Output = Result<(), SinkError>> + Send;
+    /// How many assignments wait for a slot of the backend (its worker's consumer's pending
+    /// count; 0 when it cannot be read), this scale set's own runners included.
+    fn backend_waiting(&self) -> impl Future<Output = usize> + Send;
+    /// Whether the workload of `assignment` started its runner (the facade handed it the
+    /// config): it is no longer waiting for a slot.
+    fn started(&self, assignment: &str) -> impl Future<Output = Result<bool, SinkError>> + Send;
     /// Whether `assignment` is published and not final (its runner is not lost or withdrawn).
     fn open(&self, assignment: &str) -> impl Future<Output = Result<bool, SinkError>> + Send;
     /// Runner `runner_name`, the runner of `assignment`, took `job`: the once-only claim of
@@ -468,13 +474,11 @@ impl<S: Sink> Listener<S> {
         }
         let room = self.sink.room().await;
         let free = state.free_runners();
-        let plan = scale::plan(
-            state.demand(),
-            &free,
-            state.busy_runners(),
-            room,
-            self.limits(),
-        );
+        let mut demand = state.demand();
+        if free.len() > demand.waiting {
+            demand.others_waiting = self.others_waiting(&free).await?;
+        }
+        let plan = scale::plan(demand, &free, state.busy_runners(), room, self.limits());
         for assignment in &plan.remove {
             self.retire(state, assignment).await?;
         }
@@ -484,6 +488,23 @@ impl<S: Sink> Listener<S> {
             }
         }
         Ok(())
+    }
+
+    /// Assignments of other work waiting for a slot of the backend: those waiting less this
+    /// scale set's free runners whose workloads have not started yet (counted as waiting
+    /// even once delivered, so this errs towards keeping warm runners).
+    async fn others_waiting(&self, free: &[String]) -> Result<usize, ListenError> {
+        let waiting = self.sink.backend_waiting().await;
+        if waiting == 0 {
+            return Ok(0);
+        }
+        let mut own = 0;
+        for assignment in free {
+            if !self.sink.started(assignment).await? {
+                own += 1;
+            }
+        }
+        Ok(waiting.saturating_sub(own))
     }
 
     /// A runner whose publish failed: held if it was published after all, else removed from

@@ -202,6 +202,7 @@ impl ListenerState {
             None => Demand {
                 waiting: 0,
                 idle: false,
+                others_waiting: 0,
             },
         }
     }

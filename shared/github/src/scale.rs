@@ -9,6 +9,9 @@
 //! - a runner that is busy is never removed, and one that is free is removed only when the
 //!   scale set is idle (no job available, assigned or running) and it is beyond `min_idle`:
 //!   while any job waits, a free runner may be the one GitHub hands it to;
+//! - warm capacity yields: while other assignments wait for a slot of the backend, no warm
+//!   runner is kept or made, and free runners beyond the jobs waiting are removed (at most one
+//!   for each assignment waiting), so the scale set's warm runners never starve other work;
 //! - the decision is made again after every message, empty polls included, from the last
 //!   statistics, so a runner lost before it took a job (its workload evicted, its sandbox gone)
 //!   is made again.
@@ -32,6 +35,9 @@ pub struct Demand {
     pub waiting: usize,
     /// No job available, assigned or running.
     pub idle: bool,
+    /// Other assignments waiting for a slot of the backend (not this scale set's runners):
+    /// warm runners beyond the jobs waiting yield their slots to them.
+    pub others_waiting: usize,
 }
 
 impl Demand {
@@ -45,6 +51,7 @@ impl Demand {
         Demand {
             waiting: assigned.saturating_sub(running).saturating_sub(refused),
             idle: assigned == 0 && running == 0 && available == 0,
+            others_waiting: 0,
         }
     }
 }
@@ -59,7 +66,12 @@ pub struct Limits {
 /// Decides for `demand`, with `free` the runners not known to be busy (oldest first), `busy`
 /// the number that are, and `room` how many more workloads the backend can take soon.
 pub fn plan(demand: Demand, free: &[String], busy: usize, room: usize, limits: Limits) -> Plan {
-    let wanted = limits.min_idle.saturating_add(demand.waiting);
+    let min_idle = if demand.others_waiting > 0 {
+        0
+    } else {
+        limits.min_idle
+    };
+    let wanted = min_idle.saturating_add(demand.waiting);
     let total = free.len().saturating_add(busy);
     if free.len() < wanted {
         let make = (wanted - free.len())
@@ -70,14 +82,23 @@ pub fn plan(demand: Demand, free: &[String], busy: usize, room: usize, limits: L
             remove: Vec::new(),
         };
     }
-    if demand.idle && free.len() > limits.min_idle {
-        let extra = free.len() - limits.min_idle;
-        return Plan {
-            make: 0,
-            remove: free.iter().rev().take(extra).cloned().collect(),
-        };
+    // On an idle scale set, free runners beyond `min_idle` go; while other work waits for
+    // slots, warm ones go too (one for each assignment waiting), never below the jobs waiting.
+    let mut extra = 0;
+    if demand.idle {
+        extra = free.len().saturating_sub(limits.min_idle);
     }
-    Plan::default()
+    if demand.others_waiting > 0 {
+        let warm = free
+            .len()
+            .saturating_sub(extra)
+            .saturating_sub(demand.waiting);
+        extra += warm.min(demand.others_waiting);
+    }
+    Plan {
+        make: 0,
+        remove: free.iter().rev().take(extra).cloned().collect(),
+    }
 }
 
 #[cfg(test)]
@@ -98,6 +119,7 @@ mod tests {
         let demand = Demand {
             waiting: 4,
             idle: false,
+            others_waiting: 0,
         };
         assert_eq!(plan(demand, &names(2), 0, 100, limits).make, 3);
         assert_eq!(plan(demand, &names(2), 0, 2, limits).make, 2);
@@ -115,6 +137,7 @@ mod tests {
         let idle = Demand {
             waiting: 0,
             idle: true,
+            others_waiting: 0,
         };
         assert_eq!(
             plan(idle, &names(3), 0, 0, limits).remove,
@@ -124,8 +147,31 @@ mod tests {
         let running = Demand {
             waiting: 0,
             idle: false,
+            others_waiting: 0,
         };
         assert_eq!(plan(running, &names(3), 1, 0, limits), Plan::default());
+    }
+
+    #[test]
+    fn warm_runners_yield_to_other_work_waiting_for_slots() {
+        let limits = Limits {
+            min_idle: 3,
+            max_runners: 10,
+        };
+        let others = Demand {
+            waiting: 1,
+            idle: false,
+            others_waiting: 1,
+        };
+        // Four free runners, one job waiting: one warm runner goes per assignment waiting.
+        assert_eq!(
+            plan(others, &names(4), 0, 5, limits).remove,
+            vec!["r3".to_owned()]
+        );
+        // None is made past the jobs waiting while others wait.
+        assert_eq!(plan(others, &names(0), 0, 5, limits).make, 1);
+        // The job waiting keeps its runner.
+        assert_eq!(plan(others, &names(1), 0, 5, limits), Plan::default());
     }
 
     #[test]
@@ -139,7 +185,8 @@ mod tests {
             Demand::from_statistics(&statistics, 1),
             Demand {
                 waiting: 4,
-                idle: false
+                idle: false,
+                others_waiting: 0,
             }
         );
         assert!(Demand::from_statistics(&Statistics::default(), 0).idle);
@@ -184,9 +231,10 @@ mod tests {
             free in 0usize..12,
             busy in 0usize..12,
             room in 0usize..20,
+            others_waiting in 0usize..4,
         ) {
             let limits = Limits { min_idle, max_runners };
-            let demand = Demand { waiting, idle: waiting == 0 && running == 0 };
+            let demand = Demand { waiting, idle: waiting == 0 && running == 0, others_waiting };
             let free = names(free);
             let plan = plan(demand, &free, busy, room, limits);
             prop_assert!(plan.make <= room);
@@ -196,11 +244,18 @@ mod tests {
                 prop_assert!(free.len() + busy + plan.make <= max_runners);
                 prop_assert!(plan.remove.is_empty());
             }
-            if waiting > 0 || running > 0 {
+            // Never fewer free runners than jobs waiting; while jobs run or wait, only what
+            // other work waiting for slots asks for, and never more.
+            prop_assert!(free.len() - plan.remove.len() >= waiting.min(free.len()));
+            if (waiting > 0 || running > 0) && others_waiting == 0 {
                 prop_assert!(plan.remove.is_empty(), "removed while jobs wait or run");
             }
-            if !plan.remove.is_empty() {
+            prop_assert!(plan.remove.len() <= others_waiting + free.len().saturating_sub(min_idle));
+            if !plan.remove.is_empty() && others_waiting == 0 {
                 prop_assert_eq!(free.len() - plan.remove.len(), min_idle);
+            }
+            if others_waiting > 0 && plan.make > 0 {
+                prop_assert!(free.len() + plan.make <= waiting, "a warm runner made while others wait");
             }
         }
 
@@ -226,7 +281,7 @@ mod tests {
                     Event::RoomChanges(r) => room = r,
                     _ => {}
                 }
-                let demand = Demand { waiting, idle: waiting == 0 && busy == 0 };
+                let demand = Demand { waiting, idle: waiting == 0 && busy == 0, others_waiting: 0 };
                 let plan = plan(demand, &free, busy, room, limits);
                 for _ in 0..plan.make {
                     next += 1;

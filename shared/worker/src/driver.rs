@@ -708,6 +708,11 @@ impl<B: Backend> Driver<B> {
                 .metrics
                 .warm_binds
                 .inc_by(binds.saturating_sub(self.io.metrics.warm_binds.get()));
+            let yields = self.state.warm_yields();
+            self.io
+                .metrics
+                .warm_yields
+                .inc_by(yields.saturating_sub(self.io.metrics.warm_yields.get()));
             self.io.metrics.debt.set(self.state.debt() as i64);
             report(self.state.is_ready());
         }

@@ -41,6 +41,8 @@ pub struct WorkerMetrics {
     pub warm_bound: Gauge,
     /// Assignments bound to a warm executor instead of a create call.
     pub warm_binds: Counter,
+    /// Idle warm executors retired for assignments that could not bind to them.
+    pub warm_yields: Counter,
     /// Seconds from the forge fetch to the binding to a warm executor.
     pub warm_bind_latency: Histogram,
 }
@@ -67,6 +69,7 @@ impl Default for WorkerMetrics {
             warm_idle: Gauge::default(),
             warm_bound: Gauge::default(),
             warm_binds: Counter::default(),
+            warm_yields: Counter::default(),
             warm_bind_latency: Histogram::new([
                 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
             ]),
@@ -161,6 +164,11 @@ impl WorkerMetrics {
             "warm_binds",
             "Assignments bound to a warm executor instead of a create call",
             self.warm_binds.clone(),
+        );
+        r.register(
+            "warm_yields",
+            "Idle warm executors retired so that an assignment that cannot bind to one gets its slot",
+            self.warm_yields.clone(),
         );
         r.register(
             "warm_bind_latency_seconds",

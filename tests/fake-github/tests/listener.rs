@@ -43,6 +43,8 @@ struct Ledger {
     refused: BTreeMap<i64, String>,
     /// Claims and terminals for assignments the ledger does not hold.
     ignored: u32,
+    /// Assignments whose workload started its runner.
+    started: BTreeSet<String>,
 }
 
 impl Ledger {
@@ -64,6 +66,14 @@ impl Ledger {
     fn open(&self) -> usize {
         self.assignments.len() - self.finals.len()
     }
+
+    /// Open assignments whose workload has not started its runner: waiting for a slot.
+    fn unstarted(&self) -> usize {
+        self.assignments
+            .keys()
+            .filter(|a| !self.finals.contains_key(*a) && !self.started.contains(*a))
+            .count()
+    }
 }
 
 #[derive(Default)]
@@ -73,6 +83,8 @@ struct MemorySink {
     /// Fail the assign call with this number (1 = the next one); 0: none.
     fail_assign: AtomicUsize,
     assign_calls: AtomicUsize,
+    /// Assignments of other work waiting for the backend's slots.
+    others_waiting: AtomicUsize,
 }
 
 impl MemorySink {
@@ -146,6 +158,14 @@ impl Sink for Shared {
         let open = ledger.open();
         ledger.peak_open = ledger.peak_open.max(open);
         Ok(())
+    }
+
+    async fn backend_waiting(&self) -> usize {
+        self.others_waiting.load(Ordering::SeqCst) + self.ledger().unstarted()
+    }
+
+    async fn started(&self, assignment: &str) -> Result<bool, SinkError> {
+        Ok(self.ledger().started.contains(assignment))
     }
 
     async fn open(&self, assignment: &str) -> Result<bool, SinkError> {
@@ -243,6 +263,7 @@ async fn workloads(fake: FakeGitHub, sink: Arc<MemorySink>, stop: CancellationTo
                 .collect()
         };
         for (assignment, jit) in fresh {
+            sink.ledger().started.insert(assignment.clone());
             let Ok((runner, job)) = fake.start_runner(&jit) else {
                 started.insert(assignment, 0);
                 continue;
@@ -751,4 +772,35 @@ async fn warm_runners_wait_for_jobs_and_min_idle_is_kept() {
         run.fake.job(job).map(|j| j.state),
         Some(JobState::Completed { .. })
     ));
+}
+
+#[tokio::test]
+async fn warm_runners_yield_their_slots_to_other_work_waiting_and_come_back() {
+    let run = start(false, 100).await;
+    let stop = CancellationToken::new();
+    let mut l = listener(&run);
+    l.min_idle = 2;
+    let handle = spawn(l, &stop, false);
+    let work = tokio::spawn(workloads(run.fake.clone(), run.sink.clone(), stop.clone()));
+    until("two warm runners online", || {
+        run.fake.runners().iter().filter(|r| r.started).count() == 2
+    })
+    .await;
+    // Another forge's assignment waits for a slot of the backend: one warm runner yields.
+    run.sink.others_waiting.store(1, Ordering::SeqCst);
+    until("one warm runner withdrawn", || {
+        run.sink.ledger().finals.values().filter(|f| f.2).count() == 1
+    })
+    .await;
+    assert_eq!(
+        run.sink.ledger().open(),
+        1,
+        "only one yields per assignment waiting"
+    );
+    // It got its slot: the warm runners come back.
+    run.sink.others_waiting.store(0, Ordering::SeqCst);
+    until("two warm runners again", || run.sink.ledger().open() == 2).await;
+    stop.cancel();
+    handle.await.expect("join").expect("listener");
+    work.await.expect("workloads");
 }

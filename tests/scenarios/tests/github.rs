@@ -389,3 +389,45 @@ async fn warm_github_runners_take_the_first_jobs_and_min_idle_stays() -> anyhow:
     anyhow::ensure!(violations.is_empty(), "{violations:#?}");
     Ok(())
 }
+
+/// Warm capacity yields, with standbys: two replicas of every service, and every Pod slot held by
+/// an idle warm executor (capacity 2, `min_idle = 2`) when GitHub jobs arrive. A GitHub runner
+/// cannot bind to a warm executor, so one yields its slot for each runner waiting; every GitHub
+/// and Gitea job runs, and the warm executors are back at the end. Seen failing without the
+/// yield: the GitHub jobs waited for slots the warm executors held until the scenario gave up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn warm_executors_yield_their_slots_to_github_runners_with_standbys() -> anyhow::Result<()> {
+    let mut system = System::start(SystemSpec {
+        pod_capacity: 2,
+        vm_capacity: 2,
+        github: true,
+        warm_idle: 2,
+        standbys: true,
+        ..Default::default()
+    })
+    .await?;
+    let jobs = system.enqueue_github(4);
+    system.enqueue("pod", 2, &[("JR_FAKE_DURATION_MS", "300")]);
+    if let Err(e) = system.wait_github_final(Duration::from_secs(180)).await {
+        return Err(failure(&mut system, &HashSet::new(), e).await);
+    }
+    // The GitHub jobs got their slots from warm executors that yielded, not from ones that
+    // gave up waiting for a task (an idle warm executor's executor exits after 60 s here).
+    let gave_up = system
+        .executor_log()
+        .lines()
+        .filter(|l| l.contains("no task"))
+        .count();
+    anyhow::ensure!(
+        gave_up == 0,
+        "{gave_up} warm executors gave up before the GitHub jobs were done: their slots were not yielded"
+    );
+    finish_and_check(&mut system, &HashSet::new()).await?;
+    let starts = system
+        .executor_log()
+        .lines()
+        .filter(|l| l.contains("starting the GitHub runner"))
+        .count();
+    assert_eq!(starts, jobs.len(), "GitHub runner starts");
+    Ok(())
+}

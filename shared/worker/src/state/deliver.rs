@@ -116,8 +116,15 @@ impl WorkerState {
             return;
         }
         if self.used() + self.tickets.len() >= self.cfg.capacity {
+            // Idle warm executors hold slots this delivery cannot bind to: one yields.
+            if no_warm {
+                self.yield_warm(key.assignment, now);
+            }
             fx.push(settle(Disposition::Nak(Some(self.cfg.busy_retry))));
             return;
+        }
+        if no_warm {
+            self.yield_used(key.assignment, now);
         }
         self.creating.insert(
             key,

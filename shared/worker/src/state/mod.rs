@@ -76,6 +76,11 @@ pub struct WorkerState {
     last_activity: Option<Instant>,
     /// Assignments bound to warm executors since start.
     warm_binds: u64,
+    /// Slots idle warm executors gave up for deliveries that could not bind to them, each until
+    /// when it is kept for such a delivery (not refilled by a warm create meanwhile).
+    warm_yielded: Vec<(AssignmentId, Instant)>,
+    /// Idle warm executors retired for such deliveries since start.
+    warm_yields: u64,
     /// Live worker replicas of the backend: each keeps its part of the warm executors.
     replicas: usize,
 }
@@ -100,6 +105,8 @@ impl WorkerState {
             warm_retry_at: None,
             last_activity: None,
             warm_binds: 0,
+            warm_yielded: Vec::new(),
+            warm_yields: 0,
             replicas: 1,
         }
     }

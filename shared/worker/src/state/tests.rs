@@ -940,4 +940,68 @@ mod warm {
         assert_eq!(warm_creates(&fx).len(), 1, "{fx:?}");
         assert_eq!(s.used(), 2);
     }
+
+    /// Capacity 2, both slots idle warm executors: a delivery that cannot bind to them (a
+    /// runner-bound forge's runner) retires one, once, and gets its slot; the slot is not
+    /// refilled by a warm create meanwhile. Seen failing without the yield: the delivery is
+    /// refused as busy forever.
+    #[test]
+    fn warm_capacity_yields_to_a_delivery_that_cannot_bind() {
+        let now = Instant::now();
+        let mut s = warm_ready(2, 2, 2, now);
+        let ids: Vec<AssignmentId> = s.warm_creating.iter().copied().collect();
+        let names = start(&mut s, &ids, now);
+        let runner = BusFacts {
+            no_warm: true,
+            ..BusFacts::default()
+        };
+        let job = key(5, 1);
+        let fx = deliver(&mut s, 1, job, runner, now);
+        assert_eq!(
+            settled(&fx),
+            Some(Disposition::Nak(Some(s.cfg.busy_retry))),
+            "{fx:?}"
+        );
+        let retired = warm_deletes(&fx);
+        assert_eq!(retired.len(), 1, "one idle warm executor yields: {fx:?}");
+        assert!(names.contains(&retired[0]));
+        assert_eq!(s.warm_yields(), 1);
+        // The same delivery back before the slot is free: nothing more is retired.
+        let fx = deliver(&mut s, 2, job, runner, now);
+        assert!(warm_deletes(&fx).is_empty(), "{fx:?}");
+        assert_eq!(s.warm_yields(), 1);
+        // The retired one is gone: the slot is not refilled with a warm executor ...
+        let fx = s.on(
+            Input::Observed(seen(
+                AttemptKey::new(
+                    ids[names
+                        .iter()
+                        .position(|n| *n == retired[0])
+                        .expect("retired")],
+                    0,
+                ),
+                &retired[0],
+                WorkloadPhase::Gone,
+            )),
+            now,
+        );
+        assert!(
+            warm_creates(&fx).is_empty(),
+            "the yielded slot refilled: {fx:?}"
+        );
+        // ... it goes to the delivery that could not bind.
+        let fx = deliver(&mut s, 3, job, runner, now);
+        assert!(
+            fx.iter()
+                .any(|e| matches!(e, Effect::Create { key, .. } if *key == job)),
+            "{fx:?}"
+        );
+        assert!(s.used() <= 2);
+        // A delivery that can bind takes the other warm executor as before.
+        let fx = deliver(&mut s, 4, key(6, 1), BusFacts::default(), now);
+        assert!(
+            !fx.iter().any(|e| matches!(e, Effect::Create { .. })),
+            "{fx:?}"
+        );
+    }
 }

@@ -16,7 +16,10 @@
 //! - the target is derived again after every input, so nothing drifts (after a restart the
 //!   adopted warm executors count, the missing ones are made);
 //! - warm creates respect capacity like job creates; the slots the target still needs are
-//!   kept from pulls, and idle warm executors' slots are offered to pulls (a delivery binds).
+//!   kept from pulls, and idle warm executors' slots are offered to pulls (a delivery binds);
+//! - warm capacity yields: a delivery that cannot bind (a runner-bound forge's runner) and finds
+//!   no free slot retires one idle warm executor, and that slot is kept for such a delivery
+//!   (not refilled) for [`YIELD_HOLD`], so warm executors never starve work they cannot take.
 
 use std::time::{Duration, Instant};
 
@@ -32,6 +35,8 @@ const WARM_RETRY: Duration = Duration::from_secs(5);
 const WARM_REFUSED_RETRY: Duration = Duration::from_secs(60);
 /// How long after an accepted delete an idle warm executor still listed is deleted again.
 const RETIRE_AGAIN: Duration = Duration::from_secs(30);
+/// How long a slot a warm executor yielded is kept for the delivery that could not bind.
+pub const YIELD_HOLD: Duration = Duration::from_secs(30);
 
 impl WorkerState {
     /// Whether the backend keeps warm executors at all.
@@ -76,9 +81,60 @@ impl WorkerState {
         whole.div_ceil(self.replicas.max(1))
     }
 
-    /// Warm executors still to be made to reach the target.
+    /// Warm executors still to be made to reach the target, less the slots yielded to
+    /// deliveries that cannot bind.
     pub(super) fn warm_needed(&self, now: Instant) -> usize {
-        self.warm_target(now).saturating_sub(self.warm_idle())
+        let yielded = self
+            .warm_yielded
+            .iter()
+            .filter(|(_, until)| *until > now)
+            .count();
+        self.warm_target(now)
+            .saturating_sub(self.warm_idle())
+            .saturating_sub(yielded)
+    }
+
+    /// Idle warm executors retired for deliveries that could not bind, since start.
+    pub fn warm_yields(&self) -> u64 {
+        self.warm_yields
+    }
+
+    /// The delivery of `assignment`, which cannot bind to a warm executor, found no free
+    /// slot: the newest idle warm executor that is not already going is retired, and its slot
+    /// kept for such a delivery. Once per waiting assignment (it comes back after its Nak).
+    pub(super) fn yield_warm(&mut self, assignment: AssignmentId, now: Instant) {
+        self.warm_yielded.retain(|(_, until)| *until > now);
+        if self.warm_yielded.iter().any(|(a, _)| *a == assignment) {
+            return;
+        }
+        let pick = self
+            .workloads
+            .iter()
+            .filter(|(_, w)| w.is_idle_warm() && w.stage == Stage::Live && w.retire_at.is_none())
+            .max_by_key(|(_, w)| w.since)
+            .map(|(name, _)| name.clone());
+        let Some(name) = pick else {
+            return;
+        };
+        if let Some(w) = self.workloads.get_mut(&name) {
+            w.retire_at = Some(now);
+        }
+        self.warm_yielded.push((assignment, now + YIELD_HOLD));
+        self.warm_yields += 1;
+    }
+
+    /// A delivery of `assignment` that could not bind got a slot: the slot yielded for it (or,
+    /// if none was, the oldest yielded one) is used.
+    pub(super) fn yield_used(&mut self, assignment: AssignmentId, now: Instant) {
+        self.warm_yielded.retain(|(_, until)| *until > now);
+        let at = self
+            .warm_yielded
+            .iter()
+            .position(|(a, _)| *a == assignment)
+            .or((!self.warm_yielded.is_empty()).then_some(0));
+        if let Some(at) = at {
+            self.warm_yielded.remove(at);
+        }
     }
 
     /// Idle warm executors (live, healthy or not, not being retired).
