@@ -537,6 +537,13 @@ app_private_key_file = "/run/key.pem"
             "github[0].min_idle",
         ),
         (format!("{entry}min_idle = 1000\n"), "github[0].min_idle"),
+        (
+            app.replace(
+                "https://github.com/acme",
+                "https://github.com/Enterprises/big",
+            ),
+            "github[0].app_id",
+        ),
     ] {
         let err = load_env(&format!("{MINIMAL}{bad}"), &[]).expect_err(key);
         assert!(err.to_string().contains(key), "{key}: {err}");

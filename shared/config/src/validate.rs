@@ -159,6 +159,18 @@ impl Config {
                     "give a personal access token (pat or pat_file), or a GitHub App (app_id, app_installation_id and app_private_key_file), not both",
                 ));
             }
+            // GitHub does not let an App manage an enterprise's runners.
+            let enterprise = url::Url::parse(&g.url).ok().is_some_and(|u| {
+                u.path_segments()
+                    .and_then(|mut s| s.next())
+                    .is_some_and(|first| first.eq_ignore_ascii_case("enterprises"))
+            });
+            if any_app && enterprise {
+                return Err(ConfigError::key(
+                    key("app_id"),
+                    "a GitHub App cannot manage an enterprise's runners: use a classic personal access token with the manage_runners:enterprise scope (docs/github.md, \"Credentials\")",
+                ));
+            }
         }
         Ok(())
     }
