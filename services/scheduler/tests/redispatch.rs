@@ -250,3 +250,112 @@ struct Stored {
     assignment: Assignment,
     msg_id: Option<String>,
 }
+
+/// A forge that ends lost attempts (a runner-bound one), recording what it was asked to end.
+struct RunnerBound(std::sync::Arc<std::sync::Mutex<Vec<(AssignmentId, u32, String)>>>);
+
+impl jr_intake::ForgeCommands for RunnerBound {
+    fn serves(&self, forge: &jr_protocol::ForgeKind) -> bool {
+        matches!(forge, jr_protocol::ForgeKind::GitHub(_))
+    }
+
+    fn fail_task<'a>(
+        &'a self,
+        lost: jr_intake::LostTask<'a>,
+    ) -> futures::future::BoxFuture<'a, jr_bus::Disposition> {
+        self.0
+            .lock()
+            .expect("lock")
+            .push((lost.id, lost.attempt, lost.reason.to_owned()));
+        Box::pin(async { jr_bus::Disposition::Ack })
+    }
+
+    fn ends_lost_attempts(&self) -> bool {
+        true
+    }
+}
+
+/// A GitHub runner's config works once: a redispatch of a GitHub assignment is not republished
+/// as attempt 2 but handed to its forge to end (the listener makes a fresh runner). Seen
+/// failing with the forge's `ends_lost_attempts` answering false: attempt 2 was published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redispatch_of_a_runner_bound_assignment_ends_it_instead_of_republishing_it() {
+    let world = World::start().await;
+    let sealer = std::sync::Arc::new(
+        jr_scheduler::service::sealer_from_config(&world.config).expect("seal key"),
+    );
+    let id = AssignmentId(uuid::Uuid::new_v4());
+    let runner = serde_json::to_vec(&jr_protocol::RunnerRegistration {
+        runner_name: format!("jr-{}-1", id.0.simple()),
+        jit_config: "eyJqaXQiOiJ4In0=".into(),
+    })
+    .expect("encode");
+    let mut envelope = sealed_assignment(id, 1, 0, &sealer);
+    if let Message::Assignment(a) = &mut envelope.message {
+        a.forge_instance = "github:gh".into();
+        a.sealed_task = sealer
+            .seal(jr_seal::SealScope::new(id, &pod(), 0), &runner)
+            .expect("seal");
+    }
+    world
+        .bus
+        .publish(&subject::assignment(&pod(), id), &envelope)
+        .await
+        .expect("publish assignment");
+    world
+        .bus
+        .publish(
+            &subject::command(subject::SCHEDULER_TARGET, Kind::Redispatch),
+            &command(id, "1"),
+        )
+        .await
+        .expect("publish command");
+    let ended = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let stop = CancellationToken::new();
+    let consumer = {
+        let (bus, stop) = (world.bus.clone(), stop.clone());
+        let ctx = jr_scheduler::commands::Context {
+            bus: world.bus.clone(),
+            forges: vec![std::sync::Arc::new(RunnerBound(ended.clone()))],
+            sealer,
+        };
+        tokio::spawn(async move {
+            bus.run_consumer(
+                &ConsumerSpec::scheduler_commands(),
+                move |d| {
+                    let ctx = ctx.clone();
+                    async move { jr_scheduler::commands::redispatch::handle(&ctx, d).await }
+                },
+                ConsumerOptions::default(),
+                stop,
+            )
+            .await
+        })
+    };
+    eventually("the command handled", Duration::from_secs(20), || async {
+        world
+            .bus
+            .consumer_info(STREAM_COMMANDS, "scheduler")
+            .await
+            .is_ok_and(|c| c.num_pending == 0 && c.num_ack_pending == 0)
+    })
+    .await;
+    stop.cancel();
+    let _ = consumer.await;
+    assert_eq!(
+        *ended.lock().expect("lock"),
+        vec![(id, 1, "workload-failed".to_owned())],
+        "the lost attempt was not handed to its forge to end"
+    );
+    let attempts: Vec<u32> = read_assignments(&world)
+        .await
+        .iter()
+        .filter(|s| s.envelope.assignment_id == id)
+        .map(|s| s.envelope.attempt)
+        .collect();
+    assert_eq!(
+        attempts,
+        vec![1],
+        "a GitHub runner's attempt was republished"
+    );
+}

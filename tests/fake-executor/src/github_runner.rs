@@ -117,3 +117,66 @@ pub async fn run_github_runner(cfg: GitHubRunnerConfig) -> Result<GitHubRunnerRe
         result: result.to_owned(),
     })
 }
+
+/// What the executor image's entrypoint does for a GitHub assignment, in one process: fetches
+/// the attempt's runner config from the facade with the executor's credentials (`env`:
+/// `JETRUNNER_FACADE_URL`, `JETRUNNER_ASSIGNMENT_ID`, `JETRUNNER_RUNNER_TOKEN`), waiting while the
+/// facade answers 503 (the workload not yet visible to it), then runs the runner stand-in
+/// against the fake GitHub at `server`.
+pub async fn run_github_executor(
+    env: &std::collections::BTreeMap<String, String>,
+    server: &str,
+    poll_interval: Duration,
+    give_up_after: Duration,
+) -> Result<GitHubRunnerReport, String> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let var = |name: &str| {
+        env.get(name)
+            .cloned()
+            .ok_or_else(|| format!("{name} is not set"))
+    };
+    let (facade, assignment, token) = (
+        var("JETRUNNER_FACADE_URL")?,
+        var("JETRUNNER_ASSIGNMENT_ID")?,
+        var("JETRUNNER_RUNNER_TOKEN")?,
+    );
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .map_err(|e| e.to_string())?;
+    let url = format!(
+        "{}/jetrunner/github/v1/runner-config",
+        facade.trim_end_matches('/')
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
+    let answer: Value = loop {
+        let response = http
+            .post(&url)
+            .header("x-runner-uuid", &assignment)
+            .header("x-runner-token", &token)
+            .send()
+            .await;
+        match response {
+            Ok(r) if r.status().is_success() => break r.json().await.map_err(|e| e.to_string())?,
+            Ok(r) if r.status().as_u16() != 503 => {
+                return Err(format!("runner config refused: {}", r.status()));
+            }
+            _ if tokio::time::Instant::now() > deadline => {
+                return Err("no runner config in time".to_owned());
+            }
+            _ => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    };
+    let jit_config = answer["jit_config"]
+        .as_str()
+        .ok_or("no jit_config in the facade's answer")?
+        .to_owned();
+    run_github_runner(GitHubRunnerConfig {
+        server: server.to_owned(),
+        jit_config,
+        poll_interval,
+        give_up_after,
+        job_time: Duration::from_millis(200),
+    })
+    .await
+}

@@ -254,6 +254,44 @@ async fn github_runner_main(args: Vec<String>) -> ExitCode {
     }
 }
 
+/// [`jr_fake_executor::github_runner::run_github_executor`] with this process's environment;
+/// the fake GitHub's address from `JETRUNNER_FAKE_GITHUB_URL` (or `FAKE_GITHUB_URL`). Exit
+/// status as the stand-in's.
+async fn github_executor_main() -> ExitCode {
+    use jr_fake_executor::github_runner::{GitHubRunnerReport, run_github_executor};
+    let env: std::collections::BTreeMap<String, String> = std::env::vars().collect();
+    let settings = (|| -> Result<(String, Duration, Duration), ExecutorError> {
+        // JETRUNNER_* names are jetrunner's own in a runner block: the simulated backends of
+        // `docker compose up` pass the address as FAKE_GITHUB_URL.
+        Ok((
+            required("JETRUNNER_FAKE_GITHUB_URL").or_else(|_| required("FAKE_GITHUB_URL"))?,
+            Duration::from_millis(number("JETRUNNER_FAKE_POLL_MS", 1000)?),
+            Duration::from_secs(number("JETRUNNER_FAKE_GIVE_UP_SECS", 120)?),
+        ))
+    })();
+    let (server, poll, give_up) = match settings {
+        Ok(settings) => settings,
+        Err(err) => {
+            tracing::error!(error = %err, "GitHub executor cannot start");
+            return ExitCode::from(1);
+        }
+    };
+    match run_github_executor(&env, &server, poll, give_up).await {
+        Ok(GitHubRunnerReport::Finished { request_id, result }) => {
+            tracing::info!(request_id, %result, "GitHub job reported");
+            ExitCode::SUCCESS
+        }
+        Ok(GitHubRunnerReport::NoJob) => {
+            tracing::warn!("no GitHub job came");
+            ExitCode::from(2)
+        }
+        Err(error) => {
+            tracing::error!(%error, "GitHub executor failed");
+            ExitCode::from(1)
+        }
+    }
+}
+
 fn exit_code(outcome: Result<ExecutorReport, ExecutorError>) -> ExitCode {
     match outcome {
         Ok(ExecutorReport::Finished(report)) => {
@@ -304,6 +342,12 @@ async fn main() -> ExitCode {
                 Ok(RunnerStart::ExitAfterChecks(code)) => return ExitCode::from(code),
                 Err(err) => Err(err),
             }
+        }
+        // A Pod or sandbox of a GitHub assignment, started as the executor itself (the
+        // simulated backends of `docker compose up` run this binary, not the image's
+        // entrypoint): the runner config from the facade, then the runner stand-in.
+        None if std::env::var("JETRUNNER_FORGE").as_deref() == Ok("github") => {
+            return github_executor_main().await;
         }
         None => match config_from_env() {
             Ok(cfg) => run_one_shot(cfg).await,

@@ -23,6 +23,19 @@ struct Args {
     /// by `jobId` only.
     #[arg(long)]
     zero_request_ids: bool,
+    /// Jobs to queue (pushes to `acme/app`), one every `--job-every-ms`, for the demo and
+    /// `docker compose up`.
+    #[arg(long, default_value_t = 0)]
+    jobs: usize,
+    #[arg(long, default_value_t = 2_000)]
+    job_every_ms: u64,
+    /// The `runs-on` of the queued jobs (the scale set's name).
+    #[arg(long, default_value = "jetrunner")]
+    job_label: String,
+    /// A runner silent this long while it runs a job is lost and its job fails (as GitHub does
+    /// when a runner stops renewing its job); 0: never.
+    #[arg(long, default_value_t = 60)]
+    runner_lost_after_secs: u64,
 }
 
 #[tokio::main]
@@ -35,7 +48,21 @@ async fn main() -> anyhow::Result<()> {
     fake.set_poll_hold(std::time::Duration::from_millis(args.poll_hold_ms));
     fake.set_acquire_step(args.acquire_step);
     fake.set_zero_request_ids(args.zero_request_ids);
+    fake.set_runner_lost_after(
+        (args.runner_lost_after_secs > 0)
+            .then(|| std::time::Duration::from_secs(args.runner_lost_after_secs)),
+    );
     println!("fake-github listening on {}", fake.url());
+    if args.jobs > 0 {
+        let (queue, label) = (fake.clone(), args.job_label.clone());
+        let every = std::time::Duration::from_millis(args.job_every_ms);
+        tokio::spawn(async move {
+            for _ in 0..args.jobs {
+                queue.enqueue(jr_fake_github::JobSpec::push(&[label.as_str()]));
+                tokio::time::sleep(every).await;
+            }
+        });
+    }
     tokio::signal::ctrl_c().await?;
     Ok(())
 }

@@ -27,7 +27,10 @@ fn the_overlay_builds_on_the_base_and_replaces_its_config() {
         str_at(g, &["name"]) == Some("jetrunner-config")
             && str_at(g, &["behavior"]) == Some("replace")
     });
-    assert!(replaced, "the overlay must replace the base's jetrunner-config");
+    assert!(
+        replaced,
+        "the overlay must replace the base's jetrunner-config"
+    );
 }
 
 #[test]

@@ -130,54 +130,12 @@ pub async fn run_github_in_process(
     server: &str,
     poll: std::time::Duration,
 ) -> anyhow::Result<()> {
-    use jr_fake_executor::github_runner::{GitHubRunnerConfig, run_github_runner};
-    let var = |name: &str| {
-        env.get(name)
-            .cloned()
-            .with_context(|| format!("{name} is not set"))
-    };
-    let (facade, assignment, token) = (
-        var("JETRUNNER_FACADE_URL")?,
-        var("JETRUNNER_ASSIGNMENT_ID")?,
-        var("JETRUNNER_RUNNER_TOKEN")?,
-    );
-    let http = reqwest::Client::builder()
-        .timeout(std::time::Duration::from_secs(10))
-        .build()?;
-    let url = format!(
-        "{}/jetrunner/github/v1/runner-config",
-        facade.trim_end_matches('/')
-    );
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(300);
-    // The facade answers 503 until the worker's workload-created is visible (as the
-    // entrypoint's curl retries).
-    let answer: serde_json::Value = loop {
-        let response = http
-            .post(&url)
-            .header("x-runner-uuid", &assignment)
-            .header("x-runner-token", &token)
-            .send()
-            .await;
-        match response {
-            Ok(r) if r.status().is_success() => break r.json().await?,
-            Ok(r) if r.status().as_u16() != 503 => {
-                bail!("runner config refused: {}", r.status())
-            }
-            _ if tokio::time::Instant::now() > deadline => bail!("no runner config in time"),
-            _ => tokio::time::sleep(std::time::Duration::from_millis(200)).await,
-        }
-    };
-    let jit_config = answer["jit_config"]
-        .as_str()
-        .context("no jit_config in the facade's answer")?
-        .to_owned();
-    run_github_runner(GitHubRunnerConfig {
-        server: server.to_owned(),
-        jit_config,
-        poll_interval: poll,
-        give_up_after: std::time::Duration::from_secs(600),
-        job_time: std::time::Duration::from_millis(200),
-    })
+    jr_fake_executor::github_runner::run_github_executor(
+        env,
+        server,
+        poll,
+        std::time::Duration::from_secs(600),
+    )
     .await
     .map_err(anyhow::Error::msg)?;
     Ok(())

@@ -2,7 +2,8 @@
 //! shows them flowing per backend, and says where to look. The Pod backend has two providers
 //! (namespaces `east` and `west`, weights 2:1) and a burst-tier provider (`cloud`) that takes
 //! half of the eligible jobs once both are full; the burst switch is set at start as an
-//! operator would with `jr burst set on:50`.
+//! operator would with `jr burst set on:50`. Next to the Gitea forge, a fake GitHub serves a
+//! runner scale set (`[[forge]] kind = "github"`) whose jobs run on runners in Pods.
 
 use std::time::Duration;
 
@@ -64,6 +65,9 @@ struct Args {
     /// Simulated job duration in milliseconds.
     #[arg(long, default_value = "1500")]
     job_ms: u64,
+    /// GitHub jobs to queue at the fake GitHub's scale set (their runners run in Pods).
+    #[arg(long, default_value = "10")]
+    github_jobs: usize,
     /// Exit once every job is done instead of waiting for Ctrl-C.
     #[arg(long)]
     exit_when_done: bool,
@@ -130,6 +134,7 @@ async fn main() -> anyhow::Result<()> {
         pod_capacity: args.pod_capacity,
         vm_capacity: args.vm_capacity,
         extra_toml: providers_toml(args.pod_capacity),
+        github: args.github_jobs > 0,
         ..Default::default()
     })
     .await?;
@@ -156,6 +161,7 @@ async fn main() -> anyhow::Result<()> {
         &[("JR_FAKE_DURATION_MS", &duration)],
     );
     system.enqueue("vm", vm_jobs, &[("JR_FAKE_DURATION_MS", &duration)]);
+    system.enqueue_github(args.github_jobs);
     let p = system.ports;
     println!();
     println!("  status page      http://127.0.0.1:{}/", p.status);
@@ -169,6 +175,12 @@ async fn main() -> anyhow::Result<()> {
     );
     println!("  facade           http://127.0.0.1:{}/", p.facade);
     println!("  fake forge       {}/_fake/stats", system.forge.url());
+    if let Some(github) = &system.github {
+        println!(
+            "  fake GitHub      {}   (GET /_fake/jobs/<id>; the scale set is `jetrunner`)",
+            github.url()
+        );
+    }
     println!(
         "  NATS             {}   monitoring {}/jsz?consumers=true",
         system.nats.url(),
@@ -235,17 +247,22 @@ async fn main() -> anyhow::Result<()> {
             vm.done,
             vm.failed
         );
+        let (github_done, github_open) = github_progress(&system);
+        if system.github.is_some() {
+            print!("| github: {github_open:>3} open {github_done:>3} done ");
+        }
         use std::io::Write as _;
         let _ = std::io::stdout().flush();
-        let all_done = pod.queued + pod.running + vm.queued + vm.running == 0;
+        let all_done = pod.queued + pod.running + vm.queued + vm.running == 0 && github_open == 0;
         if all_done {
             println!();
             // Deleting the last workloads takes a moment after the last result.
             let cleaned = system.wait_no_workloads(Duration::from_secs(30)).await;
-            let violations = system.violations();
+            let mut violations = system.violations();
+            violations.extend(system.github_violations(&Default::default()));
             if cleaned.is_ok() && violations.is_empty() {
                 println!(
-                    "all {} jobs finished in {:.1}s; every Pod and VM was deleted.",
+                    "all {} jobs (and {github_done} GitHub jobs) finished in {:.1}s; every Pod and VM was deleted.",
                     args.jobs,
                     started.elapsed().as_secs_f64()
                 );
@@ -280,6 +297,19 @@ async fn main() -> anyhow::Result<()> {
             _ = tokio::time::sleep(Duration::from_millis(500)) => {}
         }
     }
+}
+
+/// GitHub jobs completed, and not yet completed, at the fake GitHub.
+fn github_progress(system: &System) -> (usize, usize) {
+    let Some(github) = &system.github else {
+        return (0, 0);
+    };
+    let jobs = github.jobs();
+    let done = jobs
+        .iter()
+        .filter(|j| matches!(j.state, jr_fake_github::JobState::Completed { .. }))
+        .count();
+    (done, jobs.len() - done)
 }
 
 /// Where the services' logs are kept when the demo stops (its own folder goes with it).
