@@ -13,6 +13,10 @@ const DAY: Duration = Duration::from_secs(24 * 60 * 60);
 const DUPLICATE_WINDOW: Duration = Duration::from_secs(10 * 60);
 const DEFAULT_ACK_WAIT: Duration = Duration::from_secs(60);
 const WORKER_ACK_WAIT: Duration = Duration::from_secs(15);
+/// The ack_wait of a worker's commands: a worker that dies holds the commands delivered to it
+/// (and not yet acknowledged) this long before another replica gets them. Handlers keep theirs
+/// alive with progress acks, so a slow delete call is not redelivered meanwhile.
+const WORKER_COMMAND_ACK_WAIT: Duration = Duration::from_secs(4);
 
 /// Where a new consumer starts. Only honoured when the consumer is first created.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,11 +88,14 @@ impl ConsumerSpec {
 
     /// `<backend>-worker` on JR_COMMANDS, filter `jr.command.<backend>.>`.
     pub fn worker_commands(backend: &BackendName) -> Self {
-        Self::new(
-            STREAM_COMMANDS,
-            format!("{backend}-worker"),
-            vec![subject::commands_for(backend.as_str())],
-        )
+        Self {
+            ack_wait: WORKER_COMMAND_ACK_WAIT,
+            ..Self::new(
+                STREAM_COMMANDS,
+                format!("{backend}-worker"),
+                vec![subject::commands_for(backend.as_str())],
+            )
+        }
     }
 
     /// `scheduler` on JR_COMMANDS, filter `jr.command.scheduler.>`.

@@ -39,6 +39,9 @@ pub(crate) fn classify_assignment(
     }
 }
 
+/// Commands handled at once (and the most pulled at once).
+const COMMAND_HANDLERS: usize = 8;
+
 /// Checks that a command is a `delete-workload` for this backend; returns the workload.
 pub(crate) fn classify_command(
     envelope: &Envelope,
@@ -239,10 +242,16 @@ impl<B: Backend> Worker<B> {
                             .unwrap_or(Disposition::Nak(Some(Duration::from_secs(2))))
                     }
                 };
+                // Pulled only for a free handler, a few at a time, with a short-lived pull
+                // request: nothing waits in this process's buffer for a handler, so a worker
+                // that dies holds no command longer than the consumer's short ack_wait.
                 bus.run_consumer(
                     &commands,
                     handler,
-                    ConsumerOptions::default().concurrency(8),
+                    ConsumerOptions::default()
+                        .concurrency(COMMAND_HANDLERS)
+                        .gate(Arc::new(jr_bus::SemaphoreGate::new(COMMAND_HANDLERS)))
+                        .pull_batch(COMMAND_HANDLERS),
                     stop,
                 )
                 .await

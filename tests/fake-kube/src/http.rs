@@ -147,6 +147,11 @@ async fn delete(
     State(shared): State<Arc<Shared>>,
     Path((ns, res, name)): Path<(String, String, String)>,
 ) -> Response {
+    // A slow API server: the call answers (and the object goes) only after the delay.
+    let delay = shared.sim.delete_call_delay;
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
     let result = resource(&res).and_then(|r| shared.delete(r, &ns, &name));
     respond(result, StatusCode::OK)
 }

@@ -123,6 +123,8 @@ pub struct SimConfig {
     /// Zero: a deleted Pod disappears at once. Otherwise it is Terminating (deletionTimestamp set)
     /// for this long first.
     pub delete_grace: Duration,
+    /// How long a DELETE call takes to be answered (a slow API server); zero: at once.
+    pub delete_call_delay: Duration,
     /// Watch events kept for replay (0: all). Older resourceVersions get `410 Gone`, as after
     /// etcd compaction; clients must relist.
     pub watch_history: usize,
@@ -137,6 +139,7 @@ impl Default for SimConfig {
             faults: Vec::new(),
             seed: 7,
             delete_grace: Duration::ZERO,
+            delete_call_delay: Duration::ZERO,
             watch_history: 0,
         }
     }
@@ -150,6 +153,7 @@ impl std::fmt::Debug for SimConfig {
             .field("runner", &self.runner.is_some())
             .field("faults", &self.faults)
             .field("delete_grace", &self.delete_grace)
+            .field("delete_call_delay", &self.delete_call_delay)
             .field("watch_history", &self.watch_history)
             .finish()
     }

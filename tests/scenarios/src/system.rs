@@ -36,6 +36,8 @@ pub struct SystemSpec {
     /// would hide an overshoot).
     pub vm_pool: Option<usize>,
     pub kube_faults: Vec<FaultRule>,
+    /// How long the fake Kubernetes API takes to answer a DELETE (a slow API server).
+    pub kube_delete_delay: Duration,
     pub pod_start_delay: Duration,
     pub claim_timeout: Duration,
     pub terminal_grace: Duration,
@@ -130,6 +132,7 @@ impl Default for SystemSpec {
             vm_capacity: 4,
             vm_pool: None,
             kube_faults: Vec::new(),
+            kube_delete_delay: Duration::ZERO,
             pod_start_delay: Duration::from_millis(50),
             claim_timeout: Duration::from_secs(20),
             terminal_grace: Duration::from_secs(5),
@@ -418,6 +421,7 @@ impl System {
         let kube = FakeKube::start(SimConfig {
             faults: spec.kube_faults.clone(),
             start_delay: spec.pod_start_delay,
+            delete_call_delay: spec.kube_delete_delay,
             ..SimConfig::simulated(pod_runner)
         })
         .await?;

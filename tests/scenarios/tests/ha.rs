@@ -400,3 +400,108 @@ async fn leaders_killed_in_turn_lose_no_job_and_fetching_resumes_within_five_sec
     .await?;
     Ok(())
 }
+
+/// Commands a dead worker cannot hold: two replicas of every service, Gitea jobs finishing all
+/// the time, delete calls that take 2 s, and the pod-worker replica with the most workloads
+/// killed with SIGKILL while it handles deletes. Every Pod
+/// whose job had ended by the time the surviving replica took the dead one over is deleted
+/// within 5 s of that takeover, also when its `delete-workload` had been delivered to the dead
+/// replica. Seen failing with the command consumer's former ungated pull of 8 and 60 s ack_wait:
+/// such Pods stayed until the reconciler sent their command again, 30 s later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn deletes_due_when_a_worker_replica_dies_are_done_within_five_seconds_of_the_takeover()
+-> anyhow::Result<()> {
+    const JOBS: u32 = 80;
+    let mut system = System::start(SystemSpec {
+        standbys: true,
+        // A three-node cluster, as production runs: a dead client's pull requests are only
+        // forgotten once every node learns it is gone.
+        nats_cluster: true,
+        pod_capacity: 8,
+        vm_capacity: 2,
+        pod_executor_in_process: true,
+        // A slow API server: each delete call takes 2 s, so when the replica is killed it is
+        // handling the deletes of the jobs that just ended.
+        kube_delete_delay: Duration::from_secs(2),
+        ..Default::default()
+    })
+    .await?;
+    system.enqueue("pod", JOBS, &[(jr_fake_executor::VAR_DURATION_MS, "1500")]);
+    let finished = |system: &System| -> Vec<String> {
+        system
+            .kube
+            .pods(jr_scenarios::system::JOBS_NAMESPACE)
+            .iter()
+            .filter(|p| {
+                matches!(
+                    p.pointer("/status/phase").and_then(|v| v.as_str()),
+                    Some("Succeeded" | "Failed")
+                )
+            })
+            .filter_map(|p| {
+                p.pointer("/metadata/name")
+                    .and_then(|v| v.as_str())
+                    .map(str::to_owned)
+            })
+            .collect()
+    };
+    // Jobs are ending: deletes are due.
+    wait_for("Pods whose jobs ended", Duration::from_secs(60), || {
+        let done = system.final_count(
+            &system
+                .forge
+                .snapshot()
+                .jobs
+                .iter()
+                .map(|j| j.id)
+                .collect::<Vec<_>>(),
+        );
+        async move { (done >= 8).then_some(()) }
+    })
+    .await?;
+    // Pods of jobs that ended and whose deletes are under way (each call takes 2 s) when the
+    // replica is killed: some of those deletes are the killed replica's.
+    let due = finished(&system);
+    let (killed, took) = kill_busiest_worker(&mut system, "pod-worker").await?;
+    let takeover = Instant::now();
+    println!(
+        "pod-worker: {killed} taken over {took:?} after it died; {} Pods of ended jobs at the kill",
+        due.len()
+    );
+    anyhow::ensure!(
+        !due.is_empty(),
+        "no Pod of an ended job at the kill: the scenario did not kill a replica while deletes were due"
+    );
+    let bound = Duration::from_secs(5);
+    let left = loop {
+        let present: std::collections::BTreeSet<String> = system
+            .kube
+            .pods(jr_scenarios::system::JOBS_NAMESPACE)
+            .iter()
+            .filter_map(|p| {
+                p.pointer("/metadata/name")
+                    .and_then(|v| v.as_str())
+                    .map(str::to_owned)
+            })
+            .collect();
+        let left: Vec<&String> = due.iter().filter(|p| present.contains(*p)).collect();
+        if left.is_empty() || takeover.elapsed() > bound {
+            break left.into_iter().cloned().collect::<Vec<_>>();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    if !left.is_empty() {
+        let kept = jr_scenarios::chaos::keep_logs(&system, "ha-deletes")?;
+        anyhow::bail!(
+            "{} Pods of ended jobs still there {bound:?} after the takeover: {left:?}\nlogs kept in {}",
+            left.len(),
+            kept.display()
+        );
+    }
+    system.service(&killed).expect("worker").restart()?;
+    system.wait_all_final(Duration::from_secs(180)).await?;
+    system.wait_no_workloads(Duration::from_secs(60)).await?;
+    let violations = system.violations();
+    anyhow::ensure!(violations.is_empty(), "{violations:#?}");
+    Ok(())
+}
