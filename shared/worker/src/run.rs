@@ -301,7 +301,9 @@ impl<B: Backend> Worker<B> {
                     &assignments,
                     handler,
                     ConsumerOptions::default()
-                        .concurrency(capacity)
+                        // Handlers for the slots, and for the deliveries parked for their
+                        // fair share (they hold no slot).
+                        .concurrency(capacity.saturating_mul(1 + crate::state::PARK_PER_SLOT))
                         .gate(gate)
                         .pull_batch(PULL_BATCH),
                     stop,

@@ -241,10 +241,14 @@ impl WorkerState {
                     disposition: Disposition::Nak(Some(retry_after)),
                 });
             }
-            CreateAnswer::Wait { retry_after } => fx.push(Effect::Settle {
-                delivery,
-                disposition: Disposition::Nak(Some(retry_after)),
-            }),
+            CreateAnswer::Wait { retry_after } => {
+                if !self.park(delivery, retry_after, now) {
+                    fx.push(Effect::Settle {
+                        delivery,
+                        disposition: Disposition::Nak(Some(retry_after)),
+                    });
+                }
+            }
             CreateAnswer::Transient { retry_after } => fx.push(Effect::Settle {
                 delivery,
                 disposition: Disposition::Nak(Some(

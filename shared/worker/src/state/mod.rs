@@ -21,7 +21,7 @@ mod types;
 mod warm;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use jr_protocol::AssignmentId;
 
@@ -81,9 +81,16 @@ pub struct WorkerState {
     warm_yielded: Vec<(AssignmentId, Instant)>,
     /// Idle warm executors retired for such deliveries since start.
     warm_yields: u64,
+    /// Deliveries whose create answered "wait" (over a fair share), held instead of refused,
+    /// each until when at most: released for redelivery as soon as a workload goes (a slot
+    /// frees), so waiting work takes a freed slot at once. See [`park`](Self::park).
+    parked: Vec<(DeliveryId, Instant)>,
     /// Live worker replicas of the backend: each keeps its part of the warm executors.
     replicas: usize,
 }
+
+/// Deliveries parked for their fair share, per slot of the backend, at most.
+pub const PARK_PER_SLOT: usize = 4;
 
 impl WorkerState {
     pub fn new(cfg: StateConfig) -> Self {
@@ -107,6 +114,7 @@ impl WorkerState {
             warm_binds: 0,
             warm_yielded: Vec::new(),
             warm_yields: 0,
+            parked: Vec::new(),
             replicas: 1,
         }
     }
@@ -114,6 +122,7 @@ impl WorkerState {
     /// Handles one input at `now`; returns the effects to perform, in order.
     pub fn on(&mut self, input: Input, now: Instant) -> Vec<Effect> {
         let mut fx = Vec::new();
+        let workloads_before = self.workloads.len();
         // Without warm executors configured, only a few inputs can leave idle ones behind
         // (adopted from an earlier configuration): look for them then, not after every input.
         let warm_scan = self.warm_on()
@@ -183,8 +192,53 @@ impl WorkerState {
         if warm_scan {
             self.maintain_warm(now, &mut fx);
         }
+        self.release_parked(self.workloads.len() < workloads_before, now, &mut fx);
         self.grant(now, &mut fx);
         fx
+    }
+
+    /// Most deliveries held at once by [`park`](Self::park): [`PARK_PER_SLOT`] per slot (the
+    /// assignment consumer runs that many handlers beyond the slots). Beyond it, a delivery that
+    /// must wait is refused with its delay.
+    fn park_limit(&self) -> usize {
+        self.cfg.capacity.max(1).saturating_mul(PARK_PER_SLOT)
+    }
+
+    /// A delivery that must wait for its fair share (its create answered `wait`): held, not
+    /// refused, until a workload of the backend goes or `retry_after` passes. Refusing it with
+    /// a delay would leave a slot freed meanwhile idle until the delay ran out, even when that
+    /// repository is the only one with work.
+    fn park(&mut self, delivery: DeliveryId, retry_after: Duration, now: Instant) -> bool {
+        if self.parked.len() >= self.park_limit() {
+            return false;
+        }
+        self.parked.push((delivery, now + retry_after));
+        true
+    }
+
+    /// Deliveries parked for their fair share are handed back for redelivery at once (and
+    /// decided again, with fresh facts, when they come back) when a workload went (`freed`),
+    /// else each when its wait is over. JetStream offers due redeliveries before new messages,
+    /// so they come back first.
+    fn release_parked(&mut self, freed: bool, now: Instant, fx: &mut Vec<Effect>) {
+        if self.parked.is_empty() {
+            return;
+        }
+        let (due, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.parked)
+            .into_iter()
+            .partition(|(_, until)| freed || *until <= now);
+        self.parked = keep;
+        for (delivery, _) in due {
+            fx.push(Effect::Settle {
+                delivery,
+                disposition: jr_bus::Disposition::Nak(None),
+            });
+        }
+    }
+
+    /// Deliveries parked for their fair share.
+    pub fn parked(&self) -> usize {
+        self.parked.len()
     }
 
     /// Capacity slots held by workloads and create calls.

@@ -121,25 +121,28 @@ fn superseded_and_terminal_deliveries_are_acked_without_a_backend_call() {
     assert_eq!(s.used(), 0);
 }
 
-#[test]
-fn a_job_that_must_wait_is_naked_without_pausing_the_others() {
-    let now = Instant::now();
-    let mut s = ready(2, now);
-    deliver(&mut s, 1, key(1, 1), BusFacts::default(), now);
-    let fx = s.on(
+/// The create of `key` (delivery `d`) answers "wait" (over its fair share).
+fn wait_answer(s: &mut WorkerState, d: u64, key: AttemptKey, now: Instant) -> Vec<Effect> {
+    s.on(
         Input::CreateAnswered {
-            delivery: DeliveryId(1),
-            key: key(1, 1),
+            delivery: DeliveryId(d),
+            key,
             answer: CreateAnswer::Wait {
-                retry_after: Duration::from_secs(2),
+                retry_after: Duration::from_secs(5),
             },
         },
         now,
-    );
-    assert_eq!(
-        settled(&fx),
-        Some(Disposition::Nak(Some(Duration::from_secs(2))))
-    );
+    )
+}
+
+#[test]
+fn a_job_that_must_wait_is_parked_without_a_slot_and_without_pausing_the_others() {
+    let now = Instant::now();
+    let mut s = ready(2, now);
+    deliver(&mut s, 1, key(1, 1), BusFacts::default(), now);
+    let fx = wait_answer(&mut s, 1, key(1, 1), now);
+    assert_eq!(settled(&fx), None, "parked, not refused: {fx:?}");
+    assert_eq!(s.parked(), 1);
     assert!(!publishes_failure_or_release(&fx));
     assert!(!s.is_paused(now), "a job-specific wait paused pulling");
     assert_eq!(s.used(), 0, "the waiting job keeps no slot");
@@ -149,6 +152,67 @@ fn a_job_that_must_wait_is_naked_without_pausing_the_others() {
         fx.iter().any(|e| matches!(e, Effect::Create { .. })),
         "{fx:?}"
     );
+    // Its wait over (nothing went meanwhile), it is handed back for redelivery.
+    let fx = s.on(Input::Tick, now + Duration::from_secs(5));
+    assert_eq!(settled(&fx), Some(Disposition::Nak(None)));
+    assert_eq!(s.parked(), 0);
+}
+
+/// Work-conserving fair shares: a job parked for its repository's share is handed back the
+/// moment a workload goes (its slot is free), not after its wait. Seen failing with waits
+/// refused with their delay, as before parking: the freed slot stayed idle for that delay.
+#[test]
+fn a_parked_job_is_handed_back_as_soon_as_a_workload_goes() {
+    let now = Instant::now();
+    let mut s = ready(2, now);
+    deliver(&mut s, 1, key(1, 1), BusFacts::default(), now);
+    s.on(
+        Input::CreateAnswered {
+            delivery: DeliveryId(1),
+            key: key(1, 1),
+            answer: CreateAnswer::Created("w1".into()),
+        },
+        now,
+    );
+    deliver(&mut s, 2, key(2, 1), BusFacts::default(), now);
+    let fx = wait_answer(&mut s, 2, key(2, 1), now);
+    assert_eq!(settled(&fx), None);
+    // A second or so later the running workload ends and goes.
+    let later = now + Duration::from_millis(1200);
+    let fx = s.on(
+        Input::Observed(seen(key(1, 1), "w1", WorkloadPhase::Gone)),
+        later,
+    );
+    assert!(
+        fx.contains(&Effect::Settle {
+            delivery: DeliveryId(2),
+            disposition: Disposition::Nak(None)
+        }),
+        "the parked job was not handed back when the slot freed: {fx:?}"
+    );
+    assert_eq!(s.parked(), 0);
+}
+
+#[test]
+fn no_more_jobs_are_parked_than_the_limit_per_slot() {
+    let now = Instant::now();
+    let mut s = ready(2, now);
+    let limit = 2 * PARK_PER_SLOT as u64;
+    for d in 1..=limit + 1 {
+        let k = key(d as i64, 1);
+        deliver(&mut s, d, k, BusFacts::default(), now);
+        let fx = wait_answer(&mut s, d, k, now);
+        if d <= limit {
+            assert_eq!(settled(&fx), None, "delivery {d}");
+        } else {
+            assert_eq!(
+                settled(&fx),
+                Some(Disposition::Nak(Some(Duration::from_secs(5)))),
+                "beyond the limit a wait is refused with its delay"
+            );
+        }
+    }
+    assert_eq!(s.parked(), limit as usize);
 }
 
 #[test]
@@ -1003,5 +1067,215 @@ mod warm {
             !fx.iter().any(|e| matches!(e, Effect::Create { .. })),
             "{fx:?}"
         );
+    }
+}
+
+/// Work-conserving fair shares, as a property: a simulated JetStream hands the worker its
+/// messages (redeliveries first), a fair-share oracle answers each create (admit while the
+/// job's repository runs fewer than its quota, else "wait"), and workloads end at random.
+/// After every step has settled, no slot is idle while a job its repository's quota allows is
+/// waiting, whether on the stream or parked in the worker.
+mod work_conserving {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::{BTreeMap, VecDeque};
+
+    const CAPACITY: usize = 4;
+    const QUOTA: usize = 2;
+
+    #[derive(Clone, Debug)]
+    enum Step {
+        /// A job of repository `0..3` is queued.
+        Queue(u8),
+        /// The running workload at this index (modulo) ends.
+        End(usize),
+        /// A second passes.
+        Tick,
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            (0u8..3).prop_map(Step::Queue),
+            (0usize..8).prop_map(Step::End),
+            Just(Step::Tick),
+        ]
+    }
+
+    struct Sim {
+        s: WorkerState,
+        now: Instant,
+        /// Messages on the stream, redeliveries first: (task, repository).
+        stream: VecDeque<(i64, u8)>,
+        /// Messages refused with a delay, due again at the instant.
+        delayed: Vec<(Instant, (i64, u8))>,
+        /// Deliveries held by the worker: delivery → (task, repository).
+        held: BTreeMap<u64, (i64, u8)>,
+        /// Running workloads: name → (task, repository).
+        running: BTreeMap<String, (i64, u8)>,
+        next_delivery: u64,
+    }
+
+    impl Sim {
+        fn runs(&self, repository: u8) -> usize {
+            self.running
+                .values()
+                .filter(|(_, r)| *r == repository)
+                .count()
+        }
+
+        /// Applies effects until nothing is left to do: settles, creates (answered by the
+        /// oracle), and pulls while the worker grants.
+        fn settle(&mut self, mut fx: Vec<Effect>) {
+            for _ in 0..1000 {
+                let mut next = Vec::new();
+                for effect in fx {
+                    match effect {
+                        Effect::Settle {
+                            delivery,
+                            disposition,
+                        } => match (self.held.remove(&delivery.0), disposition) {
+                            (Some(job), Disposition::Nak(None)) => self.stream.push_front(job),
+                            (Some(job), Disposition::Nak(Some(delay))) => {
+                                self.delayed.push((self.now + delay, job));
+                            }
+                            _ => {}
+                        },
+                        Effect::Confirm { delivery, .. } => {
+                            self.held.remove(&delivery.0);
+                        }
+                        Effect::Create { delivery, key } => {
+                            let (task, repository) = self.held[&delivery.0];
+                            let answer = if self.runs(repository) < QUOTA {
+                                let name = format!("w{task}");
+                                self.running.insert(name.clone(), (task, repository));
+                                CreateAnswer::Created(name)
+                            } else {
+                                CreateAnswer::Wait {
+                                    retry_after: Duration::from_secs(5),
+                                }
+                            };
+                            next.extend(self.s.on(
+                                Input::CreateAnswered {
+                                    delivery,
+                                    key,
+                                    answer,
+                                },
+                                self.now,
+                            ));
+                        }
+                        Effect::GrantPull(tickets) => {
+                            for ticket in tickets {
+                                let Some((task, repository)) = self.stream.pop_front() else {
+                                    next.extend(self.s.on(Input::TicketDropped(ticket), self.now));
+                                    continue;
+                                };
+                                self.next_delivery += 1;
+                                let delivery = DeliveryId(self.next_delivery);
+                                self.held.insert(delivery.0, (task, repository));
+                                next.extend(self.s.on(
+                                    Input::Delivered {
+                                        delivery,
+                                        key: key(task, 1),
+                                        ticket: Some(ticket),
+                                        facts: BusFacts::default(),
+                                    },
+                                    self.now,
+                                ));
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                if next.is_empty() {
+                    // The worker's pull loop asks again while there are messages.
+                    if self.stream.is_empty() {
+                        return;
+                    }
+                    let fx = self.s.on(Input::PullWanted { max: 8 }, self.now);
+                    if fx.is_empty() {
+                        return;
+                    }
+                    next = fx;
+                }
+                fx = next;
+            }
+            panic!("the simulation did not settle");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn no_slot_is_idle_while_a_job_its_quota_allows_waits(
+            steps in proptest::collection::vec(step(), 1..80),
+        ) {
+            let now = Instant::now();
+            let mut sim = Sim {
+                s: ready(CAPACITY, now),
+                now,
+                stream: VecDeque::new(),
+                delayed: Vec::new(),
+                held: BTreeMap::new(),
+                running: BTreeMap::new(),
+                next_delivery: 0,
+            };
+            let mut task = 0i64;
+            for step in steps {
+                let fx = match step {
+                    // No more jobs waiting than the worker parks (its limit per slot).
+                    Step::Queue(_)
+                        if sim.stream.len() + sim.held.len() + sim.delayed.len()
+                            >= CAPACITY * PARK_PER_SLOT =>
+                    {
+                        continue;
+                    }
+                    Step::Queue(repository) => {
+                        task += 1;
+                        sim.stream.push_back((task, repository));
+                        sim.s.on(Input::PullWanted { max: 8 }, sim.now)
+                    }
+                    Step::End(i) => {
+                        let Some(name) = sim.running.keys().nth(i % sim.running.len().max(1)).cloned()
+                        else {
+                            continue;
+                        };
+                        let (task, _) = sim.running.remove(&name).expect("running");
+                        sim.s.on(
+                            Input::Observed(seen(key(task, 1), &name, WorkloadPhase::Gone)),
+                            sim.now,
+                        )
+                    }
+                    Step::Tick => {
+                        sim.now += Duration::from_secs(1);
+                        let now = sim.now;
+                        let (due, later): (Vec<_>, Vec<_>) =
+                            sim.delayed.drain(..).partition(|(at, _)| *at <= now);
+                        sim.delayed = later;
+                        sim.stream.extend(due.into_iter().map(|(_, job)| job));
+                        let mut fx = sim.s.on(Input::Tick, sim.now);
+                        fx.extend(sim.s.on(Input::PullWanted { max: 8 }, sim.now));
+                        fx
+                    }
+                };
+                sim.settle(fx);
+                let idle = CAPACITY - sim.running.len();
+                // A job refused with a delay counts as waiting once a re-offer tick has passed.
+                let overdue = sim
+                    .delayed
+                    .iter()
+                    .filter(|(due, _)| *due < sim.now + Duration::from_secs(4))
+                    .map(|(_, job)| job);
+                let runnable = sim
+                    .stream
+                    .iter()
+                    .chain(sim.held.values())
+                    .chain(overdue)
+                    .any(|(_, r)| sim.runs(*r) < QUOTA);
+                prop_assert!(
+                    idle == 0 || !runnable,
+                    "{idle} slots idle while a job its quota allows waits; running {:?}, stream {:?}, held {:?}",
+                    sim.running, sim.stream, sim.held
+                );
+            }
+        }
     }
 }
