@@ -6,7 +6,7 @@
 //! assignment waits (no attempt spent) while other repositories' assignments keep being placed.
 //! The worker's state machine parks it and hands it back for redelivery as soon as a workload
 //! goes (work-conserving: a freed slot never waits for the re-offer delay); beyond its parking
-//! limit it is offered again after [`QUOTA_RETRY`]. Admission is decided by
+//! limit it is offered again after `QUOTA_RETRY`. Admission is decided by
 //! [`jr_placement::admit`] over the workloads this worker process created and has not seen gone.
 //! Workloads adopted after a worker restart are not attributed to a repository (workloads carry
 //! no repository): until they end, the quotas count only what was created since.
