@@ -305,6 +305,19 @@ impl Ledger for JetStreamLedger {
         self.view(id, true).await
     }
 
+    async fn terminal_of(&self, view: &AssignmentView) -> Result<Option<Terminal>, LedgerError> {
+        let found = self
+            .last(
+                STREAM_EVENTS,
+                &subject::event(&view.backend, view.id, Kind::Terminal),
+            )
+            .await?;
+        Ok(found.and_then(|e| match e.message {
+            jr_protocol::Message::Terminal(t) => Some(t),
+            _ => None,
+        }))
+    }
+
     async fn identify(&self, id: AssignmentId) -> Result<Option<AssignmentView>, LedgerError> {
         self.view(id, false).await
     }

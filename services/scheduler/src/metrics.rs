@@ -243,6 +243,12 @@ impl<L: Ledger> Collector for SchedulerCollector<L> {
         )?;
         counter(
             e,
+            "facade_finals_answered_here",
+            "Retried final UpdateTask calls answered without the forge (the final was already accepted)",
+            f.finals_answered_here,
+        )?;
+        counter(
+            e,
             "facade_forwarded_calls",
             "UpdateTask/UpdateLog calls forwarded to the forge",
             f.forwarded_calls,

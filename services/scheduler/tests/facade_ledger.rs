@@ -62,6 +62,13 @@ impl Ledger for FlakyLedger {
         self.inner.publish_terminal(view, terminal).await
     }
 
+    async fn terminal_of(&self, view: &AssignmentView) -> Result<Option<Terminal>, LedgerError> {
+        if self.lookups_down.load(Ordering::SeqCst) {
+            return Err(down());
+        }
+        self.inner.terminal_of(view).await
+    }
+
     async fn publish_executor_finished(&self, view: &AssignmentView) -> Result<(), LedgerError> {
         self.inner.publish_executor_finished(view).await
     }
@@ -154,25 +161,133 @@ async fn ledger_failures_ask_the_executor_to_retry_and_lose_nothing() {
     let reply = FetchTaskResponse::decode(body.as_slice()).expect("reply");
     assert_eq!(reply.task.map(|t| t.id), Some(71));
 
-    // The forge accepts the final result but recording it fails: the executor must retry.
+    // The forge accepts the final result and recording it fails once: the facade tries again
+    // itself, and the executor gets its answer.
+    let finals = |forge: &Forge| {
+        forge
+            .lock()
+            .expect("lock")
+            .update_tasks
+            .iter()
+            .filter(|u| u.state.as_ref().is_some_and(|s| s.result != 0))
+            .count()
+    };
     ledger.terminal_failures.store(1, Ordering::SeqCst);
-    let final_state = UpdateTaskRequest {
+    let final_state = |id: i64| UpdateTaskRequest {
         state: Some(TaskState {
-            id: 71,
+            id,
             result: ForgeResult::Success as i32,
             ..TaskState::default()
         }),
-        outputs: Default::default(),
+        outputs: [("artifact".to_owned(), "built".to_owned())].into(),
     };
+    let (status, _) = call(&app, id, "UpdateTask", &final_state(71)).await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "a passing ledger hiccup is retried by the facade"
+    );
+    assert!(ledger.inner.record(id).expect("record").terminal.is_some());
+    assert_eq!(finals(&forge), 1);
+    assert_eq!(facade.stats().terminals_published, 1);
+    assert!(facade.stats().ledger_errors >= 2);
+}
+
+/// A retried final never reaches the forge twice: recording the terminal fails for longer than
+/// the facade waits, the executor is told to retry, and its retry is answered from the final the
+/// forge accepted (the terminal recorded then); a final sent to another facade replica after
+/// that is answered from the ledger's terminal. Seen failing with retries forwarded: the forge
+/// got three finals for the task.
+#[tokio::test]
+async fn a_retried_final_is_answered_without_the_forge() {
+    install_crypto();
+    let (forge_url, forge) = start_forge().await;
+    let sealer = sealer();
+    let ledger = Arc::new(FlakyLedger::default());
+    let replica = |ledger: &Arc<FlakyLedger>| {
+        Arc::new(
+            Facade::new(
+                settings(AuthMode::Token, &forge_url, sealer.clone(), true),
+                ledger.clone(),
+            )
+            .expect("facade"),
+        )
+    };
+    let (first, second) = (replica(&ledger), replica(&ledger));
+    let backend = jr_protocol::BackendName::new("vm").expect("backend");
+    let id = AssignmentId::for_task("http://forge.test", 72);
+    ledger.inner.insert(AssignmentView {
+        id,
+        backend: backend.clone(),
+        attempt: 1,
+        forge_task_id: 72,
+        sealed_task: sealer
+            .seal(
+                jr_seal::SealScope::new(id, &backend, 72),
+                &task(72).encode_to_vec(),
+            )
+            .expect("seal"),
+        token_hash: Some(jr_protocol::TokenHash::of_token(TOKEN)),
+        claimed: false,
+        terminal: false,
+        trace: None,
+    });
+    let app = router(first.clone());
+    let (status, _) = call(&app, id, "FetchTask", &FetchTaskRequest::default()).await;
+    assert_eq!(status, StatusCode::OK);
+    let finals = || {
+        forge
+            .lock()
+            .expect("lock")
+            .update_tasks
+            .iter()
+            .filter(|u| u.state.as_ref().is_some_and(|s| s.result != 0))
+            .count()
+    };
+    let final_state = UpdateTaskRequest {
+        state: Some(TaskState {
+            id: 72,
+            result: ForgeResult::Success as i32,
+            ..TaskState::default()
+        }),
+        outputs: [("artifact".to_owned(), "built".to_owned())].into(),
+    };
+    ledger.terminal_failures.store(u32::MAX, Ordering::SeqCst);
     let (status, body) = call(&app, id, "UpdateTask", &final_state).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(code(&body), Code::Unavailable);
+    assert_eq!(finals(), 1, "the forge accepted the final once");
     assert!(ledger.inner.record(id).expect("record").terminal.is_none());
-    let (status, _) = call(&app, id, "UpdateTask", &final_state).await;
-    assert_eq!(status, StatusCode::OK, "the retry goes through");
+    // The ledger is back; the executor retries: answered here, the terminal recorded.
+    ledger.terminal_failures.store(0, Ordering::SeqCst);
+    let (status, body) = call(&app, id, "UpdateTask", &final_state).await;
+    assert_eq!(status, StatusCode::OK);
+    let reply =
+        jr_forge::proto::runner::v1::UpdateTaskResponse::decode(body.as_slice()).expect("reply");
+    assert_eq!(
+        reply.state.map(|s| s.result),
+        Some(ForgeResult::Success as i32)
+    );
+    assert!(reply.sent_outputs.contains(&"artifact".to_owned()));
     assert!(ledger.inner.record(id).expect("record").terminal.is_some());
-    // The liveness check before the claim, then the executor's two final reports.
-    assert_eq!(forge.lock().expect("lock").update_tasks.len(), 3);
-    assert_eq!(facade.stats().terminals_published, 1);
-    assert!(facade.stats().ledger_errors >= 2);
+    assert_eq!(finals(), 1, "the retried final reached the forge");
+    assert_eq!(first.stats().finals_answered_here, 1);
+    // The same final sent to the other replica: answered from the ledger.
+    let (status, body) = call(&router(second.clone()), id, "UpdateTask", &final_state).await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(
+        finals(),
+        1,
+        "a final sent to another replica reached the forge"
+    );
+    assert_eq!(second.stats().finals_answered_here, 1);
+    // Another result than the recorded one is refused.
+    let mut other = final_state.clone();
+    if let Some(state) = other.state.as_mut() {
+        state.result = ForgeResult::Failure as i32;
+    }
+    let (status, body) = call(&router(second), id, "UpdateTask", &other).await;
+    assert_ne!(status, StatusCode::OK);
+    assert_eq!(code(&body), Code::FailedPrecondition);
+    assert_eq!(finals(), 1);
 }

@@ -88,6 +88,13 @@ pub trait Ledger: Send + Sync + 'static {
         terminal: Terminal,
     ) -> impl Future<Output = Result<bool, LedgerError>> + Send;
 
+    /// The `terminal` recorded for the assignment, if any (read when a final arrives for a task
+    /// this facade did not see end, to answer it without the forge).
+    fn terminal_of(
+        &self,
+        view: &AssignmentView,
+    ) -> impl Future<Output = Result<Option<Terminal>, LedgerError>> + Send;
+
     /// `executor-finished`: the executor closed its log after its final result was accepted.
     /// May be called more than once for one assignment (deduplicate by message id).
     fn publish_executor_finished(
@@ -175,6 +182,10 @@ impl Ledger for MemoryLedger {
         Ok(self.lock().get(&id).map(|r| r.view.clone()))
     }
 
+    async fn terminal_of(&self, view: &AssignmentView) -> Result<Option<Terminal>, LedgerError> {
+        Ok(self.lock().get(&view.id).and_then(|r| r.terminal.clone()))
+    }
+
     async fn publish_claimed(
         &self,
         view: &AssignmentView,
@@ -248,6 +259,13 @@ impl<T: Ledger> Ledger for std::sync::Arc<T> {
         id: AssignmentId,
     ) -> impl Future<Output = Result<Option<AssignmentView>, LedgerError>> + Send {
         (**self).identify(id)
+    }
+
+    fn terminal_of(
+        &self,
+        view: &AssignmentView,
+    ) -> impl Future<Output = Result<Option<Terminal>, LedgerError>> + Send {
+        (**self).terminal_of(view)
     }
 
     fn publish_claimed(

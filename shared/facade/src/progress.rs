@@ -25,12 +25,30 @@ pub(crate) struct Progress {
     pub finish_reported: bool,
     /// The executor has had a report forwarded (it evidently holds its task).
     pub reported: bool,
+    /// The final UpdateTask the forge accepted (the result asked for, and the forge's reply),
+    /// kept from the moment the forge answered, before its `terminal` is recorded: a retry of it
+    /// is answered from here and never forwarded again.
+    pub accepted_final: Option<(i32, jr_forge::proto::runner::v1::UpdateTaskResponse)>,
 }
 
 /// Whether a call reaches the forge.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Admission {
     Forward,
+    Refuse(&'static str),
+}
+
+/// What to do with a final UpdateTask before the forge is asked.
+#[derive(Debug, PartialEq)]
+pub(crate) enum FinalAnswer {
+    /// Not a final, or no final decided yet: decide as usual.
+    Undecided,
+    /// The forge accepted this same final here: answer with its reply (and record the
+    /// terminal if that is still missing).
+    Accepted(jr_forge::proto::runner::v1::UpdateTaskResponse),
+    /// The final is recorded in the ledger but not here (another replica, or before a
+    /// restart): answer from the ledger's terminal.
+    FromLedger,
     Refuse(&'static str),
 }
 
@@ -60,6 +78,26 @@ impl Progress {
             };
         }
         self.terminal |= ledger_terminal;
+    }
+
+    /// A final UpdateTask whose task already has a final result is answered without the forge:
+    /// a retried final (its reply lost, or the terminal not yet recorded) must reach the forge
+    /// once only. Another final result than the accepted one is refused.
+    pub fn final_answer(&self, requested: i32) -> FinalAnswer {
+        if requested == ForgeResult::Unspecified as i32 {
+            return FinalAnswer::Undecided;
+        }
+        if let Some((previous, reply)) = &self.accepted_final {
+            return if *previous == requested {
+                FinalAnswer::Accepted(reply.clone())
+            } else {
+                FinalAnswer::Refuse("task is already final with another result")
+            };
+        }
+        if self.terminal {
+            return FinalAnswer::FromLedger;
+        }
+        FinalAnswer::Undecided
     }
 
     /// After terminal a heartbeat is admissible (the forge changes nothing on a final task and

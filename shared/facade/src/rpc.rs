@@ -11,9 +11,9 @@ use axum::routing::post;
 use http::{StatusCode, header};
 use jr_forge::proto::ping::v1::{PingRequest, PingResponse};
 use jr_forge::proto::runner::v1::{
-    DeclareRequest, DeclareResponse, FetchTaskRequest, FetchTaskResponse, Runner, Task,
-    UpdateJobSummaryRequest, UpdateJobSummaryResponse, UpdateLogRequest, UpdateLogResponse,
-    UpdateTaskRequest, UpdateTaskResponse,
+    DeclareRequest, DeclareResponse, FetchTaskRequest, FetchTaskResponse, Result as ForgeResult,
+    Runner, Task, UpdateJobSummaryRequest, UpdateJobSummaryResponse, UpdateLogRequest,
+    UpdateLogResponse, UpdateTaskRequest, UpdateTaskResponse,
 };
 use jr_forge::wire::{
     API_PREFIX, CONTENT_TYPE_JSON, PING_SERVICE, RUNNER_SERVICE, decode_request, encode_response,
@@ -24,7 +24,7 @@ use jr_protocol::{Terminal, TerminalSource};
 use prost::Message;
 
 use super::auth::{AuthFailure, Authenticated, Caller, ClientIdentity, Need};
-use super::progress::{Admission, FollowUp};
+use super::progress::{Admission, FinalAnswer, FollowUp, Progress};
 use super::proxy::proxy;
 use super::stats::bump;
 use super::{AssignmentView, Facade, Ledger};
@@ -45,6 +45,35 @@ const TASKS_VERSION: i64 = 1;
 /// The facade's HTTP surface: the RunnerService and PingService paths, the proxied artifact and
 /// cache paths, and 404 for everything else. [`super::serve`] adds the [`ClientIdentity`]
 /// extension; without it every caller is anonymous (token mode only).
+/// How long the facade keeps trying to record a final's `terminal` before it asks the
+/// executor to retry (long enough for a JetStream stream leader to be elected).
+const TERMINAL_RECORD_WAIT: std::time::Duration = std::time::Duration::from_secs(8);
+
+/// The forge's result for a recorded terminal result.
+fn forge_result(result: jr_protocol::TaskResult) -> ForgeResult {
+    match result {
+        jr_protocol::TaskResult::Success => ForgeResult::Success,
+        jr_protocol::TaskResult::Failure => ForgeResult::Failure,
+        jr_protocol::TaskResult::Cancelled => ForgeResult::Cancelled,
+        jr_protocol::TaskResult::Skipped => ForgeResult::Skipped,
+    }
+}
+
+/// A reply answered without the forge: the outputs the retried call carries were stored with
+/// the final the forge accepted (it stores every output it is sent, the first value winning),
+/// so they are reported sent as well.
+fn with_sent_outputs(
+    mut reply: UpdateTaskResponse,
+    request: &UpdateTaskRequest,
+) -> UpdateTaskResponse {
+    for key in request.outputs.keys() {
+        if !reply.sent_outputs.contains(key) {
+            reply.sent_outputs.push(key.clone());
+        }
+    }
+    reply
+}
+
 pub fn router<L: Ledger>(facade: Arc<Facade<L>>) -> Router {
     Router::new()
         .route(&rpc_path(PING_SERVICE, "Ping"), post(ping))
@@ -551,6 +580,57 @@ impl<L: Ledger> Facade<L> {
         if !(view.claimed || progress.claimed_here) {
             return Err(self.not_claimed());
         }
+        // A final whose task already has its final result never reaches the forge again.
+        match progress.final_answer(requested) {
+            FinalAnswer::Undecided => {}
+            FinalAnswer::Refuse(why) => return Err(self.after_terminal(why)),
+            FinalAnswer::Accepted(reply) => {
+                bump(&self.counters.finals_answered_here);
+                if !progress.terminal {
+                    self.record_terminal(
+                        &view,
+                        &mut progress,
+                        requested,
+                        reply.state.as_ref().map_or(0, |s| s.result),
+                    )
+                    .await?;
+                }
+                tracing::info!(assignment = %view.id, "retried final answered without the forge");
+                return Ok(with_sent_outputs(reply, &request));
+            }
+            FinalAnswer::FromLedger => match self.ledger.terminal_of(&view).await {
+                Ok(Some(terminal)) => {
+                    let result = forge_result(terminal.result);
+                    if result as i32 != requested {
+                        return Err(
+                            self.after_terminal("task is already final with another result")
+                        );
+                    }
+                    bump(&self.counters.finals_answered_here);
+                    let reply = UpdateTaskResponse {
+                        state: Some(jr_forge::proto::runner::v1::TaskState {
+                            id: view.forge_task_id,
+                            result: result as i32,
+                            ..Default::default()
+                        }),
+                        sent_outputs: Vec::new(),
+                    };
+                    progress.accepted_final = Some((requested, reply.clone()));
+                    progress.terminal_recorded(requested, terminal.log_closed);
+                    tracing::info!(assignment = %view.id, "final answered from the ledger's terminal");
+                    return Ok(with_sent_outputs(reply, &request));
+                }
+                Ok(None) => {}
+                Err(err) => {
+                    bump(&self.counters.ledger_errors);
+                    tracing::warn!(assignment = %view.id, error = %err, "reading the terminal failed");
+                    return Err(RpcError::new(
+                        Code::Unavailable,
+                        "reading the final state failed; retry",
+                    ));
+                }
+            },
+        }
         if let Admission::Refuse(why) = progress.admit_update_task(requested) {
             return Err(self.after_terminal(why));
         }
@@ -562,37 +642,68 @@ impl<L: Ledger> Facade<L> {
             .map_err(|err| self.forge_failed(&err))?;
         progress.reported = true;
         let replied = reply.state.as_ref().map_or(0, |s| s.result);
-        if let FollowUp::Terminal { result, log_closed } =
-            progress.after_update_task(requested, replied)
+        if requested != ForgeResult::Unspecified as i32
+            && jr_forge::report::final_result(replied).is_some()
+            && !progress.terminal
         {
-            let terminal = Terminal {
-                forge_task_id: view.forge_task_id,
-                result,
-                source: TerminalSource::Executor,
-                log_closed,
-                reason: None,
-            };
-            match self.ledger.publish_terminal(&view, terminal).await {
+            // Kept before the terminal is recorded: a retry is answered from here.
+            progress.accepted_final = Some((requested, reply.clone()));
+            self.record_terminal(&view, &mut progress, requested, replied)
+                .await?;
+        }
+        Ok(reply)
+    }
+
+    /// Records the `terminal` of a final the forge accepted, trying again for a while when the
+    /// ledger does not answer (a stream leader being elected), so the executor seldom has to
+    /// retry. When it still fails, the executor is asked to retry; its retry is answered from
+    /// the accepted final kept in `progress`, never forwarded again.
+    async fn record_terminal(
+        &self,
+        view: &AssignmentView,
+        progress: &mut Progress,
+        requested: i32,
+        replied: i32,
+    ) -> Result<(), RpcError> {
+        let FollowUp::Terminal { result, log_closed } =
+            progress.after_update_task(requested, replied)
+        else {
+            return Ok(());
+        };
+        let terminal = Terminal {
+            forge_task_id: view.forge_task_id,
+            result,
+            source: TerminalSource::Executor,
+            log_closed,
+            reason: None,
+        };
+        let deadline = tokio::time::Instant::now() + TERMINAL_RECORD_WAIT;
+        let mut pause = std::time::Duration::from_millis(100);
+        loop {
+            match self.ledger.publish_terminal(view, terminal.clone()).await {
                 Ok(created) => {
                     if created {
                         bump(&self.counters.terminals_published);
                     }
                     progress.terminal_recorded(requested, log_closed);
                     tracing::info!(assignment = %view.id, ?result, log_closed, created, "task terminal");
+                    return Ok(());
                 }
                 Err(err) => {
-                    // The forge keeps the final state, so the executor's retry is idempotent
-                    // there and gives us another chance to record it.
                     bump(&self.counters.ledger_errors);
-                    tracing::warn!(assignment = %view.id, error = %err, "publishing terminal failed");
-                    return Err(RpcError::new(
-                        Code::Unavailable,
-                        "recording the final state failed; retry",
-                    ));
+                    if tokio::time::Instant::now() + pause > deadline {
+                        tracing::warn!(assignment = %view.id, error = %err, "publishing terminal failed; the executor retries and its retry is answered here");
+                        return Err(RpcError::new(
+                            Code::Unavailable,
+                            "recording the final state failed; retry",
+                        ));
+                    }
+                    tracing::info!(assignment = %view.id, error = %err, retry_in = ?pause, "publishing terminal failed; trying again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(std::time::Duration::from_secs(2));
                 }
             }
         }
-        Ok(reply)
     }
 
     /// Forgejo's job summary: checked like the other reports, forwarded unchanged.

@@ -81,6 +81,9 @@ pub struct FacadeStats {
     pub refused_after_terminal: u64,
     /// `terminal` facts this facade created.
     pub terminals_published: u64,
+    /// Final UpdateTask calls answered without the forge: the task's final result was already
+    /// accepted (here, or recorded in the ledger), so a retried final never reaches it twice.
+    pub finals_answered_here: u64,
     /// `executor-finished` facts published.
     pub executor_finished_published: u64,
     /// UpdateTask/UpdateLog calls forwarded to the forge (whatever the answer).
@@ -123,6 +126,7 @@ pub(crate) struct Counters {
     pub permission_denied: AtomicU64,
     pub refused_after_terminal: AtomicU64,
     pub terminals_published: AtomicU64,
+    pub finals_answered_here: AtomicU64,
     pub executor_finished_published: AtomicU64,
     pub forwarded_calls: AtomicU64,
     pub forward_errors: AtomicU64,
@@ -157,6 +161,7 @@ impl Counters {
             permission_denied: get(&self.permission_denied),
             refused_after_terminal: get(&self.refused_after_terminal),
             terminals_published: get(&self.terminals_published),
+            finals_answered_here: get(&self.finals_answered_here),
             executor_finished_published: get(&self.executor_finished_published),
             forwarded_calls: get(&self.forwarded_calls),
             forward_errors: get(&self.forward_errors),

@@ -1063,6 +1063,16 @@ impl System {
                     task.id, task.final_accepted
                 ));
             }
+            // One final report per task reaches the forge: a retried final is answered by the
+            // facade, never forwarded again.
+            if task.final_reports.len() > 1 {
+                v.push(format!(
+                    "task {} got {} final reports ({:?}): a final after its final",
+                    task.id,
+                    task.final_reports.len(),
+                    task.final_reports
+                ));
+            }
         }
         let kube = self.kube.records();
         if kube.max_live > self.spec.pod_capacity {
