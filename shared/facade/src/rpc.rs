@@ -42,9 +42,6 @@ const MAX_PING_BODY: usize = 64 * 1024;
 /// `tasks_version` the facade reports; it never takes the fast path, so any non-zero value works.
 const TASKS_VERSION: i64 = 1;
 
-/// The facade's HTTP surface: the RunnerService and PingService paths, the proxied artifact and
-/// cache paths, and 404 for everything else. [`super::serve`] adds the [`ClientIdentity`]
-/// extension; without it every caller is anonymous (token mode only).
 /// How long the facade keeps trying to record a final's `terminal` before it asks the
 /// executor to retry (long enough for a JetStream stream leader to be elected).
 const TERMINAL_RECORD_WAIT: std::time::Duration = std::time::Duration::from_secs(8);
@@ -74,6 +71,9 @@ fn with_sent_outputs(
     reply
 }
 
+/// The facade's HTTP surface: the RunnerService and PingService paths, the proxied artifact and
+/// cache paths, and 404 for everything else. [`super::serve`] adds the [`ClientIdentity`]
+/// extension; without it every caller is anonymous (token mode only).
 pub fn router<L: Ledger>(facade: Arc<Facade<L>>) -> Router {
     Router::new()
         .route(&rpc_path(PING_SERVICE, "Ping"), post(ping))
@@ -583,7 +583,6 @@ impl<L: Ledger> Facade<L> {
         // A final whose task already has its final result never reaches the forge again.
         match progress.final_answer(requested) {
             FinalAnswer::Undecided => {}
-            FinalAnswer::Refuse(why) => return Err(self.after_terminal(why)),
             FinalAnswer::Accepted(reply) => {
                 bump(&self.counters.finals_answered_here);
                 if !progress.terminal {
@@ -599,13 +598,9 @@ impl<L: Ledger> Facade<L> {
                 return Ok(with_sent_outputs(reply, &request));
             }
             FinalAnswer::FromLedger => match self.ledger.terminal_of(&view).await {
+                // Answered with the recorded result, as the forge answers a final task.
                 Ok(Some(terminal)) => {
                     let result = forge_result(terminal.result);
-                    if result as i32 != requested {
-                        return Err(
-                            self.after_terminal("task is already final with another result")
-                        );
-                    }
                     bump(&self.counters.finals_answered_here);
                     let reply = UpdateTaskResponse {
                         state: Some(jr_forge::proto::runner::v1::TaskState {

@@ -66,8 +66,9 @@ pub struct JetStreamSink {
     pub backend: BackendName,
     pub max_duration: Duration,
     pub room: Room,
-    /// The runner records as last written (see the module notes).
-    pub records: std::sync::Mutex<BTreeMap<String, String>>,
+    /// The runner records as last written (see the module notes), and whether the last write
+    /// failed (the next one writes even if it changes nothing).
+    pub records: std::sync::Mutex<(BTreeMap<String, String>, bool)>,
 }
 
 fn sink_error(what: &str, e: impl std::fmt::Display) -> SinkError {
@@ -104,20 +105,26 @@ impl JetStreamSink {
         change: impl FnOnce(&mut BTreeMap<String, String>) -> bool,
     ) -> Result<(), SinkError> {
         let text = {
-            let mut records = self
+            let mut guard = self
                 .records
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if !change(&mut records) {
+            let (records, unsaved) = &mut *guard;
+            if !change(records) && !*unsaved {
                 return Ok(());
             }
+            *unsaved = true;
             serde_json::to_vec(&*records).map_err(|e| sink_error("runner records", e))?
         };
         self.kv
             .put(self.runners_key(), text.into())
             .await
-            .map(|_| ())
-            .map_err(|e| sink_error("runner records", e))
+            .map_err(|e| sink_error("runner records", e))?;
+        self.records
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .1 = false;
+        Ok(())
     }
 
     /// Records a new runner as `made`.

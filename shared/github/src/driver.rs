@@ -387,9 +387,29 @@ impl<S: Sink> Listener<S> {
                 () = stop.cancelled() => break,
                 capacity = self.capacity(&state) => capacity,
             };
-            let polled = tokio::select! {
-                () = stop.cancelled() => break,
-                polled = session.next_message(capacity) => polled,
+            // The desired state is applied again every few seconds while the long poll is held
+            // (GitHub sends nothing when a runner's workload is lost or room frees up).
+            let polled = {
+                let poll = session.next_message(capacity);
+                tokio::pin!(poll);
+                let mut every =
+                    tokio::time::interval_at(tokio::time::Instant::now() + REFRESH, REFRESH);
+                loop {
+                    tokio::select! {
+                        () = stop.cancelled() => break None,
+                        polled = &mut poll => break Some(polled),
+                        _ = every.tick() => {
+                            refreshed = tokio::time::Instant::now();
+                            if let Err(error) = self.scale(&mut state, true).await {
+                                tracing::warn!(error = %jr_error_chain(&error), "making or removing runners failed; tried again");
+                            }
+                            self.observe(&state);
+                        }
+                    }
+                }
+            };
+            let Some(polled) = polled else {
+                break;
             };
             // A session opened again after an eviction is saved at once.
             if session.id() != saved_session {
@@ -457,9 +477,13 @@ impl<S: Sink> Listener<S> {
     /// the ledger: one whose assignment ended (its workload lost, withdrawn by `fail-task`) no
     /// longer counts, so it is made again while a job waits for it.
     async fn scale(&self, state: &mut ListenerState, refresh: bool) -> Result<(), ListenError> {
-        for assignment in state.take_unsettled() {
+        let mut unsettled = state.take_unsettled().into_iter();
+        while let Some(assignment) = unsettled.next() {
             if let Err(error) = self.settle(state, &assignment).await {
                 state.runner_unsettled(&assignment);
+                for rest in unsettled {
+                    state.runner_unsettled(&rest);
+                }
                 return Err(error);
             }
         }
@@ -475,7 +499,7 @@ impl<S: Sink> Listener<S> {
         let room = self.sink.room().await;
         let free = state.free_runners();
         let mut demand = state.demand();
-        if free.len() > demand.waiting {
+        if self.min_idle > 0 || free.len() > demand.waiting {
             demand.others_waiting = self.others_waiting(&free).await?;
         }
         let plan = scale::plan(demand, &free, state.busy_runners(), room, self.limits());
@@ -535,10 +559,12 @@ impl<S: Sink> Listener<S> {
             Ok(jit) => jit,
             Err(error) => {
                 bump(&self.stats.jit_failures);
-                self.sink.forget(&assignment).await?;
                 if error.is_transient() || matches!(error.status(), Some(401 | 409)) {
+                    // It may have been made at GitHub all the same: settled (removed) later.
+                    state.runner_unsettled(&assignment);
                     return Err(error.into());
                 }
+                self.sink.forget(&assignment).await?;
                 tracing::error!(error = %jr_error_chain(&error), "GitHub refuses to make a runner; trying again after the next poll");
                 return Ok(false);
             }
@@ -561,11 +587,15 @@ impl<S: Sink> Listener<S> {
             state.runner_gone(assignment);
             return Ok(());
         }
-        if self.remove_idle_runner(assignment).await? {
+        // Removed at GitHub by an earlier try whose withdrawal was not recorded: record it now
+        // (the lookup below would no longer find the runner and take it for a busy one).
+        let removed = state.was_removed(assignment) || self.remove_idle_runner(assignment).await?;
+        if removed {
+            state.runner_removed(assignment);
             self.sink
                 .withdrawn(
                     assignment,
-                    "the scale set is idle: runner beyond min_idle removed",
+                    "the scale set is idle, or other work waits for its slot: runner removed unused",
                 )
                 .await?;
             state.runner_gone(assignment);

@@ -109,6 +109,8 @@ pub struct ListenerState {
     next_seq: u64,
     /// Runners whose publish failed: published after all, or to be removed from GitHub.
     unsettled: BTreeSet<String>,
+    /// Runners removed from GitHub whose withdrawal is not recorded yet.
+    removed: BTreeSet<String>,
     /// `None` until GitHub said (the session, or a message): nothing is removed meanwhile.
     statistics: Option<Statistics>,
 }
@@ -156,6 +158,17 @@ impl ListenerState {
     /// The runner of `assignment` is gone: removed, lost, or over after its job.
     pub fn runner_gone(&mut self, assignment: &str) {
         self.runners.remove(assignment);
+        self.removed.remove(assignment);
+    }
+
+    /// The runner of `assignment` was removed from GitHub; its withdrawal is recorded next.
+    pub fn runner_removed(&mut self, assignment: &str) {
+        self.removed.insert(assignment.to_owned());
+    }
+
+    /// Whether the runner of `assignment` was removed from GitHub by this listener.
+    pub fn was_removed(&self, assignment: &str) -> bool {
+        self.removed.contains(assignment)
     }
 
     /// Runners not known to be busy (starting, or idle), oldest first.

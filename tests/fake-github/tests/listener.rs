@@ -85,6 +85,8 @@ struct MemorySink {
     assign_calls: AtomicUsize,
     /// Assignments of other work waiting for the backend's slots.
     others_waiting: AtomicUsize,
+    /// While set, the workloads start no new runner (the ones started keep polling).
+    hold_new_runners: std::sync::atomic::AtomicBool,
 }
 
 impl MemorySink {
@@ -253,7 +255,10 @@ async fn workloads(fake: FakeGitHub, sink: Arc<MemorySink>, stop: CancellationTo
     let mut started: BTreeMap<String, i64> = BTreeMap::new();
     let mut waiting: Vec<(String, i64)> = Vec::new();
     while !stop.is_cancelled() {
-        let fresh: Vec<(String, String)> = {
+        let hold = sink.hold_new_runners.load(Ordering::SeqCst);
+        let fresh: Vec<(String, String)> = if hold {
+            Vec::new()
+        } else {
             let ledger = sink.ledger();
             ledger
                 .assignments
@@ -739,13 +744,25 @@ async fn warm_runners_wait_for_jobs_and_min_idle_is_kept() {
     })
     .await;
     let warm: BTreeSet<String> = run.sink.ledger().assignments.keys().cloned().collect();
+    // GitHub hands a job to whichever idle runner asks first; a runner made for the job could
+    // start and ask before the warm ones poll again. Held back until the job runs, so the check
+    // is whether the warm runners are online and take it.
     // Their workloads start them before any job exists: they register and wait.
     let work = tokio::spawn(workloads(run.fake.clone(), run.sink.clone(), stop.clone()));
     until("the warm runners online", || {
         run.fake.runners().iter().filter(|r| r.started).count() == 2
     })
     .await;
+    run.sink.hold_new_runners.store(true, Ordering::SeqCst);
     let job = run.fake.enqueue(JobSpec::push(&["jetrunner"]));
+    until("the job running", || {
+        matches!(
+            run.fake.job(job).map(|j| j.state),
+            Some(JobState::Running { .. } | JobState::Completed { .. })
+        )
+    })
+    .await;
+    run.sink.hold_new_runners.store(false, Ordering::SeqCst);
     all_final(&run, 1).await;
     // The job ran on a runner made before it, and a new one keeps two idle.
     let ran_on = run

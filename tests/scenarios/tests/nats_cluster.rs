@@ -298,7 +298,11 @@ async fn a_three_node_cluster_loses_leaders_stalls_and_restarts_without_losing_a
     println!("seed {seed} (replay with JR_CHAOS_SEED={seed})");
     let mut rng = StdRng::seed_from_u64(seed);
     // Both forge styles over runs (the seed decides): each must see one final per task.
-    let forge_flavor = if seed % 2 == 0 { "gitea" } else { "forgejo" };
+    let forge_flavor = if seed.is_multiple_of(2) {
+        "gitea"
+    } else {
+        "forgejo"
+    };
     println!("forge flavor {forge_flavor}");
     let mut system = System::start(SystemSpec {
         nats_cluster: true,
