@@ -49,6 +49,7 @@ pub(crate) enum FinalAnswer {
     /// The final is recorded in the ledger but not here (another replica, or before a
     /// restart): answer from the ledger's terminal.
     FromLedger,
+    Refuse(&'static str),
 }
 
 /// What to publish after the forge accepted a call.
@@ -81,15 +82,18 @@ impl Progress {
 
     /// A final UpdateTask whose task already has a final result is answered without the forge:
     /// a retried final (its reply lost, or the terminal not yet recorded) must reach the forge
-    /// once only.
+    /// once only. Another final result than the accepted one is refused, as any call after the
+    /// end that is not an idempotent re-send.
     pub fn final_answer(&self, requested: i32) -> FinalAnswer {
         if requested == ForgeResult::Unspecified as i32 {
             return FinalAnswer::Undecided;
         }
-        // Another result than the accepted one is answered the same way: the forge keeps its
-        // first final and answers with it.
-        if let Some((_, reply)) = &self.accepted_final {
-            return FinalAnswer::Accepted(reply.clone());
+        if let Some((previous, reply)) = &self.accepted_final {
+            return if *previous == requested {
+                FinalAnswer::Accepted(reply.clone())
+            } else {
+                FinalAnswer::Refuse("task is already final with another result")
+            };
         }
         if self.terminal {
             return FinalAnswer::FromLedger;

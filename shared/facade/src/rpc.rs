@@ -583,6 +583,7 @@ impl<L: Ledger> Facade<L> {
         // A final whose task already has its final result never reaches the forge again.
         match progress.final_answer(requested) {
             FinalAnswer::Undecided => {}
+            FinalAnswer::Refuse(why) => return Err(self.after_terminal(why)),
             FinalAnswer::Accepted(reply) => {
                 bump(&self.counters.finals_answered_here);
                 if !progress.terminal {
@@ -598,9 +599,16 @@ impl<L: Ledger> Facade<L> {
                 return Ok(with_sent_outputs(reply, &request));
             }
             FinalAnswer::FromLedger => match self.ledger.terminal_of(&view).await {
-                // Answered with the recorded result, as the forge answers a final task.
+                // The same result is answered with the recorded one; so is any result when the
+                // task was cancelled (the forge's cancellation wins over the runner's result, and
+                // the forge answers with it). Another result is refused.
                 Ok(Some(terminal)) => {
                     let result = forge_result(terminal.result);
+                    if result as i32 != requested && result != ForgeResult::Cancelled {
+                        return Err(
+                            self.after_terminal("task is already final with another result")
+                        );
+                    }
                     bump(&self.counters.finals_answered_here);
                     let reply = UpdateTaskResponse {
                         state: Some(jr_forge::proto::runner::v1::TaskState {
