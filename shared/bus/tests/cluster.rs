@@ -45,14 +45,25 @@ async fn r3_streams_survive_the_loss_of_their_leader() {
         .clone();
     assert_eq!(info.config.num_replicas, 3, "the events stream is not R3");
 
-    let first = new_assignment();
-    bus.publish(&released_subject(first), &released(first, "first"))
-        .await
-        .expect("publish before the fault");
+    // A stream just made R3 may not have a leader (or its interest may not have reached the
+    // connected node) yet: the first publish waits for the leader and retries a `no
+    // responders` as a service does.
     let leader = cluster
         .wait_for_stream_leader(STREAM_EVENTS, None, Duration::from_secs(20))
         .await
         .expect("the events stream has a leader");
+    let first = new_assignment();
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        bus.publish_retrying(
+            &released_subject(first),
+            &released(first, "first"),
+            &jr_bus::CancellationToken::new(),
+        ),
+    )
+    .await
+    .expect("the first publish lands")
+    .expect("publish before the fault");
     assert!(leader < cluster.len());
 
     cluster.kill(leader);
