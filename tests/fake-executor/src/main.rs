@@ -208,9 +208,7 @@ fn is_actions_runner(program: &str) -> bool {
 /// address from `JETRUNNER_FAKE_GITHUB_URL`. Exit status: 0 when its job was reported, 1 on an
 /// error, 2 when no job came.
 async fn github_runner_main(args: Vec<String>) -> ExitCode {
-    use jr_fake_executor::github_runner::{
-        GitHubRunnerConfig, GitHubRunnerReport, run_github_runner,
-    };
+    use jr_fake_executor::github_runner::{GitHubRunnerConfig, run_github_runner};
     let config = (|| -> Result<GitHubRunnerConfig, ExecutorError> {
         if !args.is_empty() {
             return Err(ExecutorError::Config(format!(
@@ -238,7 +236,20 @@ async fn github_runner_main(args: Vec<String>) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match run_github_runner(config).await {
+    github_exit(
+        run_github_runner(config).await,
+        "actions runner stand-in failed",
+    )
+}
+
+/// The exit status of a GitHub runner's run: 0 when its job was reported, 2 when no job came,
+/// 1 on an error (logged as `failed`).
+fn github_exit(
+    outcome: Result<jr_fake_executor::github_runner::GitHubRunnerReport, String>,
+    failed: &str,
+) -> ExitCode {
+    use jr_fake_executor::github_runner::GitHubRunnerReport;
+    match outcome {
         Ok(GitHubRunnerReport::Finished { request_id, result }) => {
             tracing::info!(request_id, %result, "GitHub job reported");
             ExitCode::SUCCESS
@@ -248,7 +259,7 @@ async fn github_runner_main(args: Vec<String>) -> ExitCode {
             ExitCode::from(2)
         }
         Err(error) => {
-            tracing::error!(%error, "actions runner stand-in failed");
+            tracing::error!(%error, "{failed}");
             ExitCode::from(1)
         }
     }
@@ -258,7 +269,7 @@ async fn github_runner_main(args: Vec<String>) -> ExitCode {
 /// the fake GitHub's address from `JETRUNNER_FAKE_GITHUB_URL` (or `FAKE_GITHUB_URL`). Exit
 /// status as the stand-in's.
 async fn github_executor_main() -> ExitCode {
-    use jr_fake_executor::github_runner::{GitHubRunnerReport, run_github_executor};
+    use jr_fake_executor::github_runner::run_github_executor;
     let env: std::collections::BTreeMap<String, String> = std::env::vars().collect();
     let settings = (|| -> Result<(String, Duration, Duration), ExecutorError> {
         // JETRUNNER_* names are jetrunner's own in a runner block: the simulated backends of
@@ -276,20 +287,10 @@ async fn github_executor_main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match run_github_executor(&env, &server, poll, give_up).await {
-        Ok(GitHubRunnerReport::Finished { request_id, result }) => {
-            tracing::info!(request_id, %result, "GitHub job reported");
-            ExitCode::SUCCESS
-        }
-        Ok(GitHubRunnerReport::NoJob) => {
-            tracing::warn!("no GitHub job came");
-            ExitCode::from(2)
-        }
-        Err(error) => {
-            tracing::error!(%error, "GitHub executor failed");
-            ExitCode::from(1)
-        }
-    }
+    github_exit(
+        run_github_executor(&env, &server, poll, give_up).await,
+        "GitHub executor failed",
+    )
 }
 
 fn exit_code(outcome: Result<ExecutorReport, ExecutorError>) -> ExitCode {
