@@ -174,7 +174,7 @@ pub async fn run(
     feed: Arc<Feed>,
     shutdown: CancellationToken,
 ) {
-    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
+    let mut backoff = jr_bus::nats_backoff();
     while !shutdown.is_cancelled() {
         let started = std::time::Instant::now();
         match project(
@@ -350,7 +350,7 @@ async fn project(
         if batch.is_empty() {
             continue;
         }
-        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+        let mut backoff = jr_bus::nats_backoff();
         loop {
             // The batch continues the stored checkpoint only if the store kept every commit.
             let result = match store.checkpoint(stream).await {

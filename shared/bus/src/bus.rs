@@ -79,7 +79,21 @@ pub struct Bus {
 }
 
 /// How often an idle connection pings its server (see [`Bus::connect`]).
-pub const PING_INTERVAL: Duration = Duration::from_secs(4);
+pub const PING_INTERVAL: Duration = Duration::from_secs(2);
+
+/// How long one JetStream call waits for its answer: a PubAck, a confirmed ack, an API request
+/// (consumer info, KV get and put, direct get). A call sent to a stream or consumer leader that
+/// was just killed or stalled gets no answer; it fails after this and is retried (with
+/// [`nats_backoff`]), so once the cluster has elected a new leader the next try reaches it
+/// within about this plus one backoff step. A healthy cluster answers in milliseconds, also
+/// at three replicas.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The backoff of retries of NATS calls: they cost the server little, and a capped delay
+/// keeps the gap after a leader election short (see [`CALL_TIMEOUT`]).
+pub fn nats_backoff() -> jr_retry::Backoff {
+    jr_retry::Backoff::new(Duration::from_millis(100), Duration::from_secs(1))
+}
 
 impl Bus {
     /// Connects to `url` as client `name`. Returns at once even if the server is not reachable
@@ -117,6 +131,7 @@ impl Bus {
             // unanswered pings mark it stale and the client moves to another server of the
             // cluster within about three intervals, instead of the default's two minutes.
             .ping_interval(PING_INTERVAL)
+            .request_timeout(Some(CALL_TIMEOUT))
             .event_callback(move |event| {
                 let connections = on_event.clone();
                 let metrics = event_metrics.clone();
@@ -161,7 +176,9 @@ impl Bus {
                 url: without_credentials(url),
                 source: Box::new(e),
             })?;
-        let js = jetstream::new(client.clone());
+        let js = jetstream::context::ContextBuilder::new()
+            .timeout(CALL_TIMEOUT)
+            .build(client.clone());
         Ok(Bus {
             client,
             js,

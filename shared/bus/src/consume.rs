@@ -88,7 +88,7 @@ impl Default for ConsumerOptions {
             gate: None,
             pull_batch: 1,
             pull_expires: Duration::from_secs(10),
-            heartbeat: Duration::from_secs(2),
+            heartbeat: Duration::from_secs(1),
             drain_timeout: Duration::from_secs(10),
             progress_interval: None,
         }
@@ -160,7 +160,7 @@ impl Bus {
     {
         let slots = Arc::new(Semaphore::new(opts.concurrency.max(1)));
         let mut tasks: JoinSet<()> = JoinSet::new();
-        let mut backoff = Backoff::default();
+        let mut backoff = crate::bus::nats_backoff();
         let handler = Arc::new(handler);
         let name = format!("{}/{}", spec.stream, spec.durable);
         let result = loop {
@@ -298,12 +298,13 @@ where
 }
 
 /// The longest a gated pull request lives: one request has no heartbeat, so this (plus the
-/// margin) bounds how long a request held by a consumer leader that died goes unnoticed. Idle,
+/// margin) bounds how long a request held by a consumer leader that died goes unnoticed, and
+/// with it how long after a new consumer leader is elected a gated consumer pulls again. Idle,
 /// it costs one small request per consumer this often.
-const GATED_PULL_EXPIRES: std::time::Duration = std::time::Duration::from_secs(4);
+const GATED_PULL_EXPIRES: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// How long past a pull request's expiry a gated pull waits before it asks again.
-const PULL_EXPIRY_MARGIN: std::time::Duration = std::time::Duration::from_secs(2);
+const PULL_EXPIRY_MARGIN: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Gated: gate permits and handler slots (up to `pull_batch`, at least one of each), then a pull
 /// of one message per permit. Permits left when a pull ends are given back, also when it

@@ -34,7 +34,7 @@ pub mod warm;
 pub mod testing;
 
 pub use async_nats;
-pub use bus::{Bus, Credentials, server_urls};
+pub use bus::{Bus, CALL_TIMEOUT, Credentials, PING_INTERVAL, nats_backoff, server_urls};
 pub use consume::{ConsumerOptions, Delivery, Disposition};
 pub use error::{BusError, PublishFailure};
 pub use gate::{Gate, Permit, SemaphoreGate};

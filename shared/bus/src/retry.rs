@@ -6,7 +6,8 @@ use crate::error::BusError;
 pub use jr_retry::Backoff;
 
 /// Runs `op` until it succeeds, fails with a non-transient error, or `shutdown` fires
-/// (then [`BusError::ShutDown`]). Transient failures are logged and retried with [`Backoff`].
+/// (then [`BusError::ShutDown`]). Transient failures are logged and retried with
+/// [`crate::nats_backoff`].
 pub async fn retry_transient<T, F, Fut>(
     what: &str,
     shutdown: &CancellationToken,
@@ -16,7 +17,7 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, BusError>>,
 {
-    let mut backoff = Backoff::default();
+    let mut backoff = crate::bus::nats_backoff();
     let mut attempt = 0u32;
     loop {
         if shutdown.is_cancelled() {

@@ -444,7 +444,7 @@ impl<L: Ledger> Facade<L> {
                 let mut progress = progress.lock().await;
                 progress.sync(view.attempt, view.terminal);
                 progress.claimed_here = true;
-                tracing::info!(assignment = %view.id, attempt = view.attempt, forge_task_id = view.forge_task_id, %executor, "task claimed");
+                tracing::debug!(assignment = %view.id, attempt = view.attempt, forge_task_id = view.forge_task_id, %executor, "task claimed");
                 Ok(FetchTaskResponse {
                     task: Some(task),
                     tasks_version: TASKS_VERSION,
@@ -689,7 +689,7 @@ impl<L: Ledger> Facade<L> {
                         bump(&self.counters.terminals_published);
                     }
                     progress.terminal_recorded(requested, log_closed);
-                    tracing::info!(assignment = %view.id, ?result, log_closed, created, "task terminal");
+                    tracing::debug!(assignment = %view.id, ?result, log_closed, created, "task terminal");
                     return Ok(());
                 }
                 Err(err) => {
@@ -758,7 +758,7 @@ impl<L: Ledger> Facade<L> {
                 Ok(()) => {
                     bump(&self.counters.executor_finished_published);
                     progress.finish_reported = true;
-                    tracing::info!(assignment = %view.id, "executor finished reporting");
+                    tracing::debug!(assignment = %view.id, "executor finished reporting");
                 }
                 Err(err) => {
                     bump(&self.counters.ledger_errors);

@@ -233,7 +233,7 @@ impl Dispatcher {
                             envelope.attempt,
                             Instant::now(),
                         );
-                        tracing::info!(task = task.id, assignment = %envelope.assignment_id, %backend, seq = outcome.stream_seq, "assignment dispatched");
+                        tracing::debug!(task = task.id, assignment = %envelope.assignment_id, %backend, seq = outcome.stream_seq, "assignment dispatched");
                     }
                     Err(jr_bus::BusError::ShutDown) => tracing::warn!(
                         task = task.id,
@@ -275,7 +275,7 @@ impl Dispatcher {
         envelope: &Envelope,
         shutdown: &CancellationToken,
     ) -> Result<Option<jr_bus::PublishOutcome>, jr_bus::BusError> {
-        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
+        let mut backoff = jr_bus::nats_backoff();
         let mut full_since: Option<Instant> = None;
         let mut next_keepalive = Instant::now() + self.unclaimed.interval();
         let result = loop {

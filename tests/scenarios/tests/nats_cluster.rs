@@ -35,27 +35,31 @@ struct Claims {
     tasks: BTreeSet<i64>,
 }
 
-fn watch_claims(url: String) -> Arc<Mutex<Claims>> {
+/// One watcher per node (`urls`, comma-separated), so a claim is seen when it is stored even
+/// while the node one watcher is connected to is stalled; the first sighting counts.
+fn watch_claims(urls: &str) -> Arc<Mutex<Claims>> {
     let claims = Arc::new(Mutex::new(Claims::default()));
-    let sink = claims.clone();
-    tokio::spawn(async move {
-        // All three URLs: the watcher moves to another node when its own is killed.
-        let Ok(bus) = jr_bus::Bus::connect(&url, "claims-watch", None).await else {
-            return;
-        };
-        let Ok(mut sub) = bus.client().subscribe("jr.event.*.*.claimed").await else {
-            return;
-        };
-        while let Some(message) = sub.next().await {
-            if let Ok(envelope) = jr_protocol::decode(&message.payload)
-                && let Message::Claimed(c) = envelope.message
-                && let Ok(mut claims) = sink.lock()
-                && claims.tasks.insert(c.forge_task_id)
-            {
-                claims.at.push(Instant::now());
+    for url in jr_bus::server_urls(urls) {
+        let (sink, url) = (claims.clone(), url.to_owned());
+        tokio::spawn(async move {
+            // A killed node's watcher moves to another node (the client learns the cluster).
+            let Ok(bus) = jr_bus::Bus::connect(&url, "claims-watch", None).await else {
+                return;
+            };
+            let Ok(mut sub) = bus.client().subscribe("jr.event.*.*.claimed").await else {
+                return;
+            };
+            while let Some(message) = sub.next().await {
+                if let Ok(envelope) = jr_protocol::decode(&message.payload)
+                    && let Message::Claimed(c) = envelope.message
+                    && let Ok(mut claims) = sink.lock()
+                    && claims.tasks.insert(c.forge_task_id)
+                {
+                    claims.at.push(Instant::now());
+                }
             }
-        }
-    });
+        });
+    }
     claims
 }
 
@@ -160,6 +164,12 @@ struct FaultReport {
     retries: f64,
     /// The leaders each time they were seen to move away from a stopped node.
     moved: Vec<String>,
+    /// What the victim led when it was hit (meta, streams, buckets, consumers).
+    led: usize,
+    /// Fault → every group the victim led has a new leader: NATS's own election time.
+    elected: Option<Duration>,
+    /// New leaders → the first claim after them: how long jetrunner took beyond the election.
+    after_election: Option<Duration>,
 }
 
 impl FaultReport {
@@ -221,9 +231,12 @@ async fn inject(
     }
     .ok_or_else(|| anyhow::anyhow!("{fault:?}: no leader to hit ({leaders_before})"))?;
     let mut moved = Vec::new();
+    let led = cluster.led_by(victim);
+    let mut elected_at = None;
     match fault {
         Fault::KillEventsLeader | Fault::KillAssignmentsLeader | Fault::KillMetaLeader => {
             cluster.kill(victim);
+            elected_at = elected(system, &led, victim).await;
             moved.extend(leaders_moved(system, &leaders_before).await);
             wait_claims(claims, start, 3, RESUME_WITHIN).await?;
             let cluster = system.nats.cluster_mut().expect("a cluster");
@@ -234,6 +247,10 @@ async fn inject(
             let stall_ends = Instant::now() + STALL;
             // The paused node cannot answer: only the two others' views count now.
             while Instant::now() < stall_ends {
+                let cluster = system.nats.cluster().expect("a cluster");
+                if elected_at.is_none() && cluster.all_led_elsewhere(&led, victim) {
+                    elected_at = Some(Instant::now());
+                }
                 let now = leaders(system);
                 if now != leaders_before && moved.last() != Some(&now) {
                     moved.push(now);
@@ -276,7 +293,24 @@ async fn inject(
         claims_resumed: first_claim_after(claims, start),
         retries: publish_retries(system).await - retries_before,
         moved,
+        led: led.len(),
+        elected: elected_at.map(|at| at.duration_since(start)),
+        after_election: elected_at.and_then(|at| first_claim_after(claims, at)),
     })
+}
+
+/// Waits (up to `RESUME_WITHIN`) until every group in `led` has a leader other than `victim`;
+/// the instant that was first seen (polled every 50 ms), or `None` if it was not.
+async fn elected(system: &System, led: &BTreeSet<String>, victim: usize) -> Option<Instant> {
+    let deadline = Instant::now() + RESUME_WITHIN;
+    let cluster = system.nats.cluster().expect("a cluster");
+    while Instant::now() < deadline {
+        if cluster.all_led_elsewhere(led, victim) {
+            return Some(Instant::now());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
 }
 
 async fn report(system: &mut System, what: impl std::fmt::Display) -> anyhow::Error {
@@ -340,7 +374,7 @@ async fn a_three_node_cluster_loses_leaders_stalls_and_restarts_without_losing_a
     if !single.is_empty() {
         return Err(report(&mut system, format!("not R3: {single:?}")).await);
     }
-    let claims = watch_claims(system.nats.url());
+    let claims = watch_claims(&system.nats.url());
     let faults = [
         Fault::KillEventsLeader,
         Fault::KillAssignmentsLeader,
@@ -360,8 +394,11 @@ async fn a_three_node_cluster_loses_leaders_stalls_and_restarts_without_losing_a
         match inject(&mut system, &claims, fault).await {
             Ok(r) => {
                 println!(
-                    "{}: fetching resumed after {:?}, claiming after {:?}, {} publish retries; leaders {} -> moved {:?} -> {}",
+                    "{}: led {} groups; new leaders after {:?}, first claim {:?} after them; fetching resumed after {:?}, claiming after {:?}, {} publish retries; leaders {} -> moved {:?} -> {}",
                     r.name,
+                    r.led,
+                    r.elected,
+                    r.after_election,
                     r.fetch_resumed,
                     r.claims_resumed,
                     r.retries,

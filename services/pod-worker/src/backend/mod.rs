@@ -396,7 +396,7 @@ impl Backend for PodBackend {
                 return Err(error);
             }
         };
-        tracing::info!(pod = %name, namespace = %self.namespace, "executor pod created");
+        tracing::debug!(pod = %name, namespace = %self.namespace, "executor pod created");
         self.adopt_secret(&pod).await?;
         Ok(name)
     }

@@ -489,7 +489,7 @@ impl Backend for VmBackend {
         }
         match client.create(&self.request_for(spec)).await {
             Ok(sandbox) => {
-                tracing::info!(sandbox = %sandbox.id, assignment = %spec.assignment_id,
+                tracing::debug!(sandbox = %sandbox.id, assignment = %spec.assignment_id,
                     attempt = spec.attempt, state = %sandbox.status.state, "sandbox created");
                 self.track(
                     &sandbox.id,
@@ -553,7 +553,7 @@ impl Backend for VmBackend {
             .delete(workload)
             .await
             .map_err(|e| backend_error("delete", e))?;
-        tracing::info!(
+        tracing::debug!(
             sandbox = workload,
             already_gone = !deleted,
             "sandbox deleted"

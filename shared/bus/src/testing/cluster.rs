@@ -2,6 +2,7 @@
 //! monitoring and route ports and its own store; SIGKILL, restart, SIGSTOP and SIGCONT per node;
 //! the current meta, stream and consumer leaders as the nodes' `/jsz` reports them.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
@@ -193,6 +194,59 @@ impl NatsCluster {
                 .find(|c| c["name"].as_str() == Some(consumer))
                 .and_then(|c| c["cluster"]["leader"].as_str().map(str::to_owned))
                 .and_then(|name| self.index_of(&name))
+        })
+    }
+
+    /// Every raft group's leader as each running node reports it: `meta`, `stream <name>` (KV
+    /// buckets are streams `KV_<bucket>`) and `consumer <stream>/<name>`, mapped to the set of
+    /// nodes named as its leader (empty where no answering node knows one).
+    pub fn raft_leaders(&self) -> BTreeMap<String, BTreeSet<usize>> {
+        let mut leaders: BTreeMap<String, BTreeSet<usize>> = BTreeMap::new();
+        let mut note = |group: String, leader: Option<&str>| {
+            let entry = leaders.entry(group).or_default();
+            if let Some(node) = leader.and_then(|name| self.index_of(name)) {
+                entry.insert(node);
+            }
+        };
+        for jsz in self.jsz_all() {
+            note("meta".to_owned(), jsz["meta_cluster"]["leader"].as_str());
+            for stream in streams(&jsz) {
+                let Some(name) = stream["name"].as_str() else {
+                    continue;
+                };
+                note(
+                    format!("stream {name}"),
+                    stream["cluster"]["leader"].as_str(),
+                );
+                for consumer in stream["consumer_detail"].as_array().into_iter().flatten() {
+                    if let Some(durable) = consumer["name"].as_str() {
+                        note(
+                            format!("consumer {name}/{durable}"),
+                            consumer["cluster"]["leader"].as_str(),
+                        );
+                    }
+                }
+            }
+        }
+        leaders
+    }
+
+    /// The raft groups `node` leads now (see [`Self::raft_leaders`]).
+    pub fn led_by(&self, node: usize) -> BTreeSet<String> {
+        self.raft_leaders()
+            .into_iter()
+            .filter(|(_, leaders)| leaders.contains(&node))
+            .map(|(group, _)| group)
+            .collect()
+    }
+
+    /// Whether every group of `groups` has a leader other than `old` that the answering nodes
+    /// agree on: none of them still names `old`, and at least one names a leader.
+    pub fn all_led_elsewhere(&self, groups: &BTreeSet<String>, old: usize) -> bool {
+        let now = self.raft_leaders();
+        groups.iter().all(|group| {
+            now.get(group)
+                .is_some_and(|leaders| !leaders.is_empty() && !leaders.contains(&old))
         })
     }
 
