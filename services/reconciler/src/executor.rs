@@ -75,7 +75,7 @@ impl Executor {
                 tracing::Instrument::instrument(self.publish(command, message_id), span).await;
             match published {
                 Ok(()) => {
-                    tracing::info!(command = %id, reason = command.reason(), "command issued");
+                    tracing::debug!(command = %id, reason = command.reason(), "command issued");
                     self.metrics
                         .commands
                         .get_or_create(&crate::metrics::KindLabel {
