@@ -9,7 +9,11 @@
 //! 8 final reports), on Gitea or Forgejo as the seed decides, capacity by the
 //! fakes' own counts, no leaked Pod, Secret or sandbox, the projection equal to the streams and
 //! no NATS permission violation. Prints per fault how long fetching and claiming took to resume
-//! and the publish retries. Needs the service binaries built; run with `--test-threads=1`.
+//! and the publish retries, how long NATS took to elect a new leader for every replicated group
+//! the victim led, and the first claim after that; for each kill and the stall, that claim must
+//! come within 5 s of the election with release builds (7.5 s with debug builds; the election
+//! itself is not jetrunner's and is not bounded).
+//! Needs the service binaries built; run with `--test-threads=1`.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -27,6 +31,16 @@ const WAVE: u32 = 60;
 const STALL: Duration = Duration::from_secs(20);
 /// Work must resume within this after any single fault.
 const RESUME_WITHIN: Duration = Duration::from_secs(60);
+/// After a leader was killed or a node stalled, a job must be claimed within this of every
+/// group the victim led having a new leader: NATS's own election time is the floor, and this
+/// bounds only what jetrunner adds to it (timeouts, retries, consumer re-creation). 5 s with
+/// release builds of the services (the production target); unoptimised builds, which the CI
+/// runs, get half as much again.
+const AFTER_ELECTION_WITHIN: Duration = if cfg!(debug_assertions) {
+    Duration::from_millis(7500)
+} else {
+    Duration::from_secs(5)
+};
 
 /// Claims seen on the bus (core subscription: best effort, for timing only), with their time.
 #[derive(Default)]
@@ -78,6 +92,18 @@ fn first_claim_after(claims: &Mutex<Claims>, since: Instant) -> Option<Duration>
         .iter()
         .find(|t| **t >= since)
         .map(|t| t.duration_since(since))
+}
+
+/// Waits (up to `RESUME_WITHIN`) for a claim at or after `since`; how long after it came.
+async fn claim_after(claims: &Mutex<Claims>, since: Instant) -> Option<Duration> {
+    let deadline = Instant::now() + RESUME_WITHIN;
+    loop {
+        let first = first_claim_after(claims, since);
+        if first.is_some() || Instant::now() > deadline {
+            return first;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// The first task the forge handed out after `since`.
@@ -156,6 +182,7 @@ async fn wait_claims(
 }
 
 struct FaultReport {
+    fault: Fault,
     name: String,
     leaders_before: String,
     leaders_after: String,
@@ -170,6 +197,8 @@ struct FaultReport {
     elected: Option<Duration>,
     /// New leaders → the first claim after them: how long jetrunner took beyond the election.
     after_election: Option<Duration>,
+    /// The groups the victim led that had no other leader when the wait for one ended.
+    unelected: Vec<String>,
 }
 
 impl FaultReport {
@@ -239,6 +268,9 @@ async fn inject(
             elected_at = elected(system, &led, victim).await;
             moved.extend(leaders_moved(system, &leaders_before).await);
             wait_claims(claims, start, 3, RESUME_WITHIN).await?;
+            if let Some(at) = elected_at {
+                claim_after(claims, at).await;
+            }
             let cluster = system.nats.cluster_mut().expect("a cluster");
             cluster.restart(victim).await?;
         }
@@ -260,6 +292,9 @@ async fn inject(
             let cluster = system.nats.cluster_mut().expect("a cluster");
             cluster.resume(victim)?;
             wait_claims(claims, start, 3, RESUME_WITHIN).await?;
+            if let Some(at) = elected_at {
+                claim_after(claims, at).await;
+            }
         }
         Fault::RollingRestart => {
             for node in 0..3 {
@@ -282,7 +317,17 @@ async fn inject(
         }
     }
     let leaders_after = leaders(system);
+    let unelected = match (fault, elected_at) {
+        // Every node goes down in turn: there is no single election to wait for.
+        (Fault::RollingRestart, _) | (_, Some(_)) => Vec::new(),
+        (_, None) => system
+            .nats
+            .cluster()
+            .expect("a cluster")
+            .not_led_elsewhere(&led, victim),
+    };
     Ok(FaultReport {
+        fault,
         name: format!(
             "{fault:?} ({})",
             system.nats.cluster().expect("a cluster").name(victim)
@@ -296,6 +341,7 @@ async fn inject(
         led: led.len(),
         elected: elected_at.map(|at| at.duration_since(start)),
         after_election: elected_at.and_then(|at| first_claim_after(claims, at)),
+        unelected,
     })
 }
 
@@ -394,10 +440,11 @@ async fn a_three_node_cluster_loses_leaders_stalls_and_restarts_without_losing_a
         match inject(&mut system, &claims, fault).await {
             Ok(r) => {
                 println!(
-                    "{}: led {} groups; new leaders after {:?}, first claim {:?} after them; fetching resumed after {:?}, claiming after {:?}, {} publish retries; leaders {} -> moved {:?} -> {}",
+                    "{}: led {} groups; new leaders after {:?} (none yet for {:?}), first claim {:?} after them; fetching resumed after {:?}, claiming after {:?}, {} publish retries; leaders {} -> moved {:?} -> {}",
                     r.name,
                     r.led,
                     r.elected,
+                    r.unelected,
                     r.after_election,
                     r.fetch_resumed,
                     r.claims_resumed,
@@ -426,6 +473,23 @@ async fn a_three_node_cluster_loses_leaders_stalls_and_restarts_without_losing_a
             r.disturbed(),
             "{} disturbed nothing: no leader moved, no publish retried",
             r.name
+        );
+        if matches!(r.fault, Fault::RollingRestart) {
+            continue;
+        }
+        let Some(elected) = r.elected else {
+            panic!(
+                "{}: the groups it led got no new leader within {RESUME_WITHIN:?}: {:?}",
+                r.name, r.unelected
+            );
+        };
+        assert!(
+            r.after_election
+                .is_some_and(|after| after <= AFTER_ELECTION_WITHIN),
+            "{}: the first claim came {:?} after the new leaders (elected {elected:?} after the \
+             fault), more than {AFTER_ELECTION_WITHIN:?}",
+            r.name,
+            r.after_election
         );
     }
     let snapshot = system.forge.snapshot();

@@ -231,23 +231,64 @@ impl NatsCluster {
         leaders
     }
 
-    /// The raft groups `node` leads now (see [`Self::raft_leaders`]).
+    /// The replicated raft groups `node` leads now (see [`Self::raft_leaders`]). Groups of one
+    /// replica (ordered consumers, ephemeral pull consumers) are left out: there is no peer to
+    /// elect, so they end with their node and are made anew elsewhere, under another name.
     pub fn led_by(&self, node: usize) -> BTreeSet<String> {
+        let replicated = self.replicated_groups();
         self.raft_leaders()
             .into_iter()
-            .filter(|(_, leaders)| leaders.contains(&node))
+            .filter(|(group, leaders)| leaders.contains(&node) && replicated.contains(group))
             .map(|(group, _)| group)
             .collect()
+    }
+
+    /// The groups (named as in [`Self::raft_leaders`]) some answering node reports with peers:
+    /// `meta`, and every stream and consumer whose cluster info lists replicas.
+    fn replicated_groups(&self) -> BTreeSet<String> {
+        let has_peers = |cluster: &serde_json::Value| {
+            cluster["replicas"]
+                .as_array()
+                .is_some_and(|replicas| !replicas.is_empty())
+        };
+        let mut groups = BTreeSet::from(["meta".to_owned()]);
+        for jsz in self.jsz_all() {
+            for stream in streams(&jsz) {
+                let Some(name) = stream["name"].as_str() else {
+                    continue;
+                };
+                if has_peers(&stream["cluster"]) {
+                    groups.insert(format!("stream {name}"));
+                }
+                for consumer in stream["consumer_detail"].as_array().into_iter().flatten() {
+                    if let Some(durable) = consumer["name"].as_str()
+                        && has_peers(&consumer["cluster"])
+                    {
+                        groups.insert(format!("consumer {name}/{durable}"));
+                    }
+                }
+            }
+        }
+        groups
     }
 
     /// Whether every group of `groups` has a leader other than `old` that the answering nodes
     /// agree on: none of them still names `old`, and at least one names a leader.
     pub fn all_led_elsewhere(&self, groups: &BTreeSet<String>, old: usize) -> bool {
+        self.not_led_elsewhere(groups, old).is_empty()
+    }
+
+    /// The groups of `groups` that do not have such a leader yet.
+    pub fn not_led_elsewhere(&self, groups: &BTreeSet<String>, old: usize) -> Vec<String> {
         let now = self.raft_leaders();
-        groups.iter().all(|group| {
-            now.get(group)
-                .is_some_and(|leaders| !leaders.is_empty() && !leaders.contains(&old))
-        })
+        groups
+            .iter()
+            .filter(|group| {
+                !now.get(*group)
+                    .is_some_and(|leaders| !leaders.is_empty() && !leaders.contains(&old))
+            })
+            .cloned()
+            .collect()
     }
 
     /// Waits until a meta leader is known; returns it.
