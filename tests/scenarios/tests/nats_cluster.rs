@@ -11,7 +11,7 @@
 //! no NATS permission violation. Prints per fault how long fetching and claiming took to resume
 //! and the publish retries, how long NATS took to elect a new leader for every replicated group
 //! the victim led, and the first claim after that; for each kill and the stall, that claim must
-//! come within 5 s of the election with release builds (7.5 s with debug builds; the election
+//! come within 5 s of the election with release builds (6 s with debug builds; the election
 //! itself is not jetrunner's and is not bounded).
 //! Needs the service binaries built; run with `--test-threads=1`.
 
@@ -35,9 +35,9 @@ const RESUME_WITHIN: Duration = Duration::from_secs(60);
 /// group the victim led having a new leader: NATS's own election time is the floor, and this
 /// bounds only what jetrunner adds to it (timeouts, retries, consumer re-creation). 5 s with
 /// release builds of the services (the production target); unoptimised builds, which the CI
-/// runs, get half as much again.
+/// runs, get one second more. (Seen failing with a 9 s NATS call timeout: 6.5 s.)
 const AFTER_ELECTION_WITHIN: Duration = if cfg!(debug_assertions) {
-    Duration::from_millis(7500)
+    Duration::from_secs(6)
 } else {
     Duration::from_secs(5)
 };
