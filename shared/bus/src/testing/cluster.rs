@@ -197,79 +197,72 @@ impl NatsCluster {
         })
     }
 
-    /// Every raft group's leader as each running node reports it: `meta`, `stream <name>` (KV
-    /// buckets are streams `KV_<bucket>`) and `consumer <stream>/<name>`, mapped to the set of
-    /// nodes named as its leader (empty where no answering node knows one).
-    pub fn raft_leaders(&self) -> BTreeMap<String, BTreeSet<usize>> {
-        let mut leaders: BTreeMap<String, BTreeSet<usize>> = BTreeMap::new();
-        let mut note = |group: String, leader: Option<&str>| {
-            let entry = leaders.entry(group).or_default();
-            if let Some(node) = leader.and_then(|name| self.index_of(name)) {
-                entry.insert(node);
-            }
-        };
+    /// Every raft group as each running node reports it: its name (`meta`, `stream <name>` —
+    /// KV buckets are streams `KV_<bucket>` — and `consumer <stream>/<name>`) and that node's
+    /// cluster info for it (`leader`, `replicas`).
+    fn raft_groups(&self) -> Vec<(String, serde_json::Value)> {
+        let mut groups = Vec::new();
         for jsz in self.jsz_all() {
-            note("meta".to_owned(), jsz["meta_cluster"]["leader"].as_str());
+            groups.push(("meta".to_owned(), jsz["meta_cluster"].clone()));
             for stream in streams(&jsz) {
                 let Some(name) = stream["name"].as_str() else {
                     continue;
                 };
-                note(
-                    format!("stream {name}"),
-                    stream["cluster"]["leader"].as_str(),
-                );
+                groups.push((format!("stream {name}"), stream["cluster"].clone()));
                 for consumer in stream["consumer_detail"].as_array().into_iter().flatten() {
                     if let Some(durable) = consumer["name"].as_str() {
-                        note(
+                        groups.push((
                             format!("consumer {name}/{durable}"),
-                            consumer["cluster"]["leader"].as_str(),
-                        );
-                    }
-                }
-            }
-        }
-        leaders
-    }
-
-    /// The replicated raft groups `node` leads now (see [`Self::raft_leaders`]). Groups of one
-    /// replica (ordered consumers, ephemeral pull consumers) are left out: there is no peer to
-    /// elect, so they end with their node and are made anew elsewhere, under another name.
-    pub fn led_by(&self, node: usize) -> BTreeSet<String> {
-        let replicated = self.replicated_groups();
-        self.raft_leaders()
-            .into_iter()
-            .filter(|(group, leaders)| leaders.contains(&node) && replicated.contains(group))
-            .map(|(group, _)| group)
-            .collect()
-    }
-
-    /// The groups (named as in [`Self::raft_leaders`]) some answering node reports with peers:
-    /// `meta`, and every stream and consumer whose cluster info lists replicas.
-    fn replicated_groups(&self) -> BTreeSet<String> {
-        let has_peers = |cluster: &serde_json::Value| {
-            cluster["replicas"]
-                .as_array()
-                .is_some_and(|replicas| !replicas.is_empty())
-        };
-        let mut groups = BTreeSet::from(["meta".to_owned()]);
-        for jsz in self.jsz_all() {
-            for stream in streams(&jsz) {
-                let Some(name) = stream["name"].as_str() else {
-                    continue;
-                };
-                if has_peers(&stream["cluster"]) {
-                    groups.insert(format!("stream {name}"));
-                }
-                for consumer in stream["consumer_detail"].as_array().into_iter().flatten() {
-                    if let Some(durable) = consumer["name"].as_str()
-                        && has_peers(&consumer["cluster"])
-                    {
-                        groups.insert(format!("consumer {name}/{durable}"));
+                            consumer["cluster"].clone(),
+                        ));
                     }
                 }
             }
         }
         groups
+    }
+
+    /// Every raft group's leader (see [`Self::raft_groups`]), mapped to the set of nodes named
+    /// as its leader (empty where no answering node knows one).
+    pub fn raft_leaders(&self) -> BTreeMap<String, BTreeSet<usize>> {
+        self.leaders_of(self.raft_groups())
+    }
+
+    fn leaders_of(
+        &self,
+        groups: Vec<(String, serde_json::Value)>,
+    ) -> BTreeMap<String, BTreeSet<usize>> {
+        let mut leaders: BTreeMap<String, BTreeSet<usize>> = BTreeMap::new();
+        for (group, cluster) in groups {
+            let entry = leaders.entry(group).or_default();
+            if let Some(node) = cluster["leader"].as_str().and_then(|n| self.index_of(n)) {
+                entry.insert(node);
+            }
+        }
+        leaders
+    }
+
+    /// The replicated raft groups `node` leads now (see [`Self::raft_leaders`]): `meta` and
+    /// every stream and consumer some answering node lists with peers. Groups of one replica
+    /// (ordered consumers, ephemeral pull consumers) are left out: there is no peer to elect,
+    /// so they end with their node and are made anew elsewhere, under another name.
+    pub fn led_by(&self, node: usize) -> BTreeSet<String> {
+        let groups = self.raft_groups();
+        let replicated: BTreeSet<String> = groups
+            .iter()
+            .filter(|(group, cluster)| {
+                group == "meta"
+                    || cluster["replicas"]
+                        .as_array()
+                        .is_some_and(|replicas| !replicas.is_empty())
+            })
+            .map(|(group, _)| group.clone())
+            .collect();
+        self.leaders_of(groups)
+            .into_iter()
+            .filter(|(group, leaders)| leaders.contains(&node) && replicated.contains(group))
+            .map(|(group, _)| group)
+            .collect()
     }
 
     /// Whether every group of `groups` has a leader other than `old` that the answering nodes
