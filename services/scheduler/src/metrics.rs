@@ -249,6 +249,12 @@ impl<L: Ledger> Collector for SchedulerCollector<L> {
         )?;
         counter(
             e,
+            "facade_finals_found_at_forge",
+            "Finals the forge already held when they reached a replica that had not served their attempt (recorded, not forwarded again)",
+            f.finals_found_at_forge,
+        )?;
+        counter(
+            e,
             "facade_forwarded_calls",
             "UpdateTask/UpdateLog calls forwarded to the forge",
             f.forwarded_calls,

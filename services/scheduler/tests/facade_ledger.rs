@@ -291,3 +291,104 @@ async fn a_retried_final_is_answered_without_the_forge() {
     assert_eq!(code(&body), Code::FailedPrecondition);
     assert_eq!(finals(), 1);
 }
+
+/// A replica that stops after the forge accepted a final and before its terminal is recorded
+/// leaves nothing on the bus; the executor's retry reaches the other replica, which has served
+/// nothing of the attempt. That replica asks the forge first (a heartbeat): the final the forge
+/// holds is recorded and answered, not sent a second time. A final the forge does not hold yet
+/// is forwarded after the heartbeat as usual. Seen failing without the heartbeat: the forge got
+/// the final twice.
+#[tokio::test]
+async fn a_final_left_unrecorded_by_a_stopped_replica_is_not_sent_to_the_forge_again() {
+    install_crypto();
+    let (forge_url, forge) = start_forge().await;
+    let sealer = sealer();
+    let ledger = Arc::new(FlakyLedger::default());
+    let replica = || {
+        Arc::new(
+            Facade::new(
+                settings(AuthMode::Token, &forge_url, sealer.clone(), true),
+                ledger.clone(),
+            )
+            .expect("facade"),
+        )
+    };
+    let (stopped, survivor) = (replica(), replica());
+    let backend = jr_protocol::BackendName::new("pod").expect("backend");
+    let reports = |task_id: i64, final_only: bool| {
+        forge
+            .lock()
+            .expect("lock")
+            .update_tasks
+            .iter()
+            .filter_map(|u| u.state.as_ref())
+            .filter(|s| s.id == task_id && (s.result != 0) == final_only)
+            .count()
+    };
+    for forge_task_id in [73, 74] {
+        let id = AssignmentId::for_task("http://forge.test", forge_task_id);
+        ledger.inner.insert(AssignmentView {
+            id,
+            backend: backend.clone(),
+            attempt: 1,
+            forge_task_id,
+            sealed_task: sealer
+                .seal(
+                    jr_seal::SealScope::new(id, &backend, forge_task_id),
+                    &task(forge_task_id).encode_to_vec(),
+                )
+                .expect("seal"),
+            token_hash: Some(jr_protocol::TokenHash::of_token(TOKEN)),
+            claimed: false,
+            terminal: false,
+            trace: None,
+        });
+        let (status, _) = call(
+            &router(stopped.clone()),
+            id,
+            "FetchTask",
+            &FetchTaskRequest::default(),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
+        let final_state = UpdateTaskRequest {
+            state: Some(TaskState {
+                id: forge_task_id,
+                result: ForgeResult::Success as i32,
+                ..TaskState::default()
+            }),
+            outputs: [("artifact".to_owned(), "built".to_owned())].into(),
+        };
+        let forge_held_it = forge_task_id == 73;
+        if forge_held_it {
+            // What the stopped replica did before it stopped: the forge accepted the final.
+            let mut f = forge.lock().expect("lock");
+            f.update_tasks.push(final_state.clone());
+            f.results.insert(forge_task_id, ForgeResult::Success as i32);
+        }
+        // The claim's keepalive was one heartbeat already.
+        let heartbeats = reports(forge_task_id, false);
+        let (status, body) = call(&router(survivor.clone()), id, "UpdateTask", &final_state).await;
+        assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+        let reply = jr_forge::proto::runner::v1::UpdateTaskResponse::decode(body.as_slice())
+            .expect("reply");
+        assert_eq!(
+            reply.state.map(|s| s.result),
+            Some(ForgeResult::Success as i32)
+        );
+        assert!(reply.sent_outputs.contains(&"artifact".to_owned()));
+        assert_eq!(reports(forge_task_id, true), 1, "finals the forge got");
+        assert_eq!(
+            reports(forge_task_id, false),
+            heartbeats + 1,
+            "heartbeats before the final"
+        );
+        let terminal = ledger.inner.record(id).expect("record").terminal;
+        assert_eq!(
+            terminal.map(|t| t.result),
+            Some(jr_protocol::TaskResult::Success)
+        );
+    }
+    assert_eq!(survivor.stats().finals_found_at_forge, 1);
+    assert_eq!(survivor.stats().terminals_published, 2);
+}

@@ -637,6 +637,22 @@ impl<L: Ledger> Facade<L> {
         if let Admission::Refuse(why) = progress.admit_update_task(requested) {
             return Err(self.after_terminal(why));
         }
+        if requested != ForgeResult::Unspecified as i32
+            && !progress.terminal
+            && !(progress.claimed_here || progress.reported)
+            && let Some(reply) = self.final_at_forge(&view, &request).await?
+        {
+            // Another replica forwarded this final and stopped before its terminal was
+            // recorded: the forge has it; it is recorded here and not sent a second time.
+            bump(&self.counters.finals_found_at_forge);
+            progress.reported = true;
+            let replied = reply.state.as_ref().map_or(0, |s| s.result);
+            progress.accepted_final = Some((requested, reply.clone()));
+            self.record_terminal(&view, &mut progress, requested, replied)
+                .await?;
+            tracing::info!(assignment = %view.id, "final already accepted by the forge; recorded without forwarding it again");
+            return Ok(with_sent_outputs(reply, &request));
+        }
         bump(&self.counters.forwarded_calls);
         let reply = self
             .forge_of(&view)?
@@ -655,6 +671,28 @@ impl<L: Ledger> Facade<L> {
                 .await?;
         }
         Ok(reply)
+    }
+
+    /// For a final arriving at a replica that has not served this attempt before (the one
+    /// that did may have stopped between the forge accepting the final and the terminal being
+    /// recorded): asks the forge with a heartbeat carrying the final's outputs, which changes
+    /// nothing on a final task and answers with its result. The forge's reply when the task is
+    /// final already; `None` when the final is still to be forwarded.
+    async fn final_at_forge(
+        &self,
+        view: &AssignmentView,
+        request: &UpdateTaskRequest,
+    ) -> Result<Option<UpdateTaskResponse>, RpcError> {
+        bump(&self.counters.forwarded_calls);
+        let reply = jr_forge::report::heartbeat(
+            &self.forge_of(view)?,
+            view.forge_task_id,
+            request.outputs.clone(),
+        )
+        .await
+        .map_err(|err| self.forge_failed(&err))?;
+        let replied = reply.state.as_ref().map_or(0, |s| s.result);
+        Ok(jr_forge::report::final_result(replied).map(|_| reply))
     }
 
     /// Records the `terminal` of a final the forge accepted, trying again for a while when the

@@ -84,6 +84,10 @@ pub struct FacadeStats {
     /// Final UpdateTask calls answered without the forge: the task's final result was already
     /// accepted (here, or recorded in the ledger), so a retried final never reaches it twice.
     pub finals_answered_here: u64,
+    /// Finals that reached a replica which had not served their attempt, and that the forge
+    /// (asked with a heartbeat) already held: another replica forwarded them and stopped
+    /// before recording the terminal. Recorded, not forwarded again.
+    pub finals_found_at_forge: u64,
     /// `executor-finished` facts published.
     pub executor_finished_published: u64,
     /// UpdateTask/UpdateLog calls forwarded to the forge (whatever the answer).
@@ -127,6 +131,7 @@ pub(crate) struct Counters {
     pub refused_after_terminal: AtomicU64,
     pub terminals_published: AtomicU64,
     pub finals_answered_here: AtomicU64,
+    pub finals_found_at_forge: AtomicU64,
     pub executor_finished_published: AtomicU64,
     pub forwarded_calls: AtomicU64,
     pub forward_errors: AtomicU64,
@@ -162,6 +167,7 @@ impl Counters {
             refused_after_terminal: get(&self.refused_after_terminal),
             terminals_published: get(&self.terminals_published),
             finals_answered_here: get(&self.finals_answered_here),
+            finals_found_at_forge: get(&self.finals_found_at_forge),
             executor_finished_published: get(&self.executor_finished_published),
             forwarded_calls: get(&self.forwarded_calls),
             forward_errors: get(&self.forward_errors),

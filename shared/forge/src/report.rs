@@ -3,7 +3,9 @@
 //! task no executor runs yet. Shared by the facade and the Gitea/Forgejo intake.
 
 use crate::proto::runner::v1::Result as ForgeResult;
-use crate::proto::runner::v1::{LogRow, TaskState, UpdateLogRequest, UpdateTaskRequest};
+use crate::proto::runner::v1::{
+    LogRow, TaskState, UpdateLogRequest, UpdateTaskRequest, UpdateTaskResponse,
+};
 use crate::{Code, ForgeClient, ForgeError};
 
 fn now_timestamp() -> prost_types::Timestamp {
@@ -80,7 +82,19 @@ pub async fn keepalive(
     forge: &ForgeClient,
     task_id: i64,
 ) -> Result<Option<jr_protocol::TaskResult>, ForgeError> {
-    let reply = forge
+    let reply = heartbeat(forge, task_id, Default::default()).await?;
+    Ok(reply.state.and_then(|s| final_result(s.result)))
+}
+
+/// `UpdateTask` without a result, carrying `outputs`: a forge changes nothing on a task that is
+/// final already (outputs aside, which it stores whenever sent, the first value winning) and
+/// answers with its result for the task and the outputs it holds.
+pub async fn heartbeat(
+    forge: &ForgeClient,
+    task_id: i64,
+    outputs: std::collections::BTreeMap<String, String>,
+) -> Result<UpdateTaskResponse, ForgeError> {
+    forge
         .update_task(&UpdateTaskRequest {
             state: Some(TaskState {
                 id: task_id,
@@ -89,10 +103,9 @@ pub async fn keepalive(
                 stopped_at: None,
                 steps: vec![],
             }),
-            outputs: Default::default(),
+            outputs,
         })
-        .await?;
-    Ok(reply.state.and_then(|s| final_result(s.result)))
+        .await
 }
 
 /// The final result a forge `result` field names; `None` while it is unspecified (the task is
