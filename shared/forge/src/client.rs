@@ -45,6 +45,9 @@ pub struct ForgeClient {
     http: reqwest::Client,
     /// `<instance root>/api/actions`, no trailing slash.
     rpc_base: Arc<str>,
+    /// `rpc_base` parsed once, so a call does not parse (and IDNA-map) the URL again; `None`
+    /// when it does not parse as a base, and each call then reports that error.
+    rpc_url: Option<Arc<reqwest::Url>>,
     credentials: Option<Credentials>,
     timeout: Duration,
 }
@@ -79,8 +82,13 @@ impl ForgeClient {
             .build()
             .map_err(ForgeError::Build)?;
         let rpc_base = format!("{}/api/actions", base_url.trim_end_matches('/'));
+        let rpc_url = reqwest::Url::parse(&rpc_base)
+            .ok()
+            .filter(|url| !url.cannot_be_a_base())
+            .map(Arc::new);
         Ok(ForgeClient {
             http,
+            rpc_url,
             rpc_base: rpc_base.into(),
             credentials,
             timeout,
@@ -197,6 +205,13 @@ impl ForgeClient {
         })
     }
 
+    /// `<rpc_base>/<service>/<method>` from the parsed base.
+    fn method_url(&self, service: &str, method: &str) -> Option<reqwest::Url> {
+        let mut url = self.rpc_url.as_deref()?.clone();
+        url.path_segments_mut().ok()?.push(service).push(method);
+        Some(url)
+    }
+
     /// A call with extra request headers, returning the successful reply's raw body and
     /// headers (e.g. Declare's capabilities header, which the facade relays).
     pub async fn call_raw<Req: Message>(
@@ -207,10 +222,13 @@ impl ForgeClient {
         authenticated: bool,
         extra_headers: &[(&str, &str)],
     ) -> Result<(bytes::Bytes, reqwest::header::HeaderMap), ForgeError> {
-        let url = format!("{}/{service}/{method}", self.rpc_base);
-        let mut builder = self
-            .http
-            .post(&url)
+        let request_builder = match self.method_url(service, method) {
+            Some(url) => self.http.post(url),
+            None => self
+                .http
+                .post(format!("{}/{service}/{method}", self.rpc_base)),
+        };
+        let mut builder = request_builder
             .header(reqwest::header::CONTENT_TYPE, CONTENT_TYPE_PROTO)
             .header(HEADER_CONNECT_PROTOCOL_VERSION, CONNECT_PROTOCOL_VERSION)
             .header(
@@ -260,4 +278,36 @@ fn snippet(body: &[u8]) -> String {
         .chars()
         .take(BODY_SNIPPET_CHARS)
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn method_urls_are_the_base_path_joined_with_service_and_method() {
+        for (base, expected) in [
+            (
+                "http://127.0.0.1:3000/sub/path/",
+                "http://127.0.0.1:3000/sub/path/api/actions/runner.v1.RunnerService/FetchTask",
+            ),
+            (
+                "https://gitea.example.com",
+                "https://gitea.example.com/api/actions/runner.v1.RunnerService/FetchTask",
+            ),
+        ] {
+            let client = ForgeClient::new(base, None, Duration::from_secs(1)).expect("client");
+            let url = client
+                .method_url(RUNNER_SERVICE, "FetchTask")
+                .expect("a base URL takes path segments");
+            assert_eq!(url.as_str(), expected);
+            assert_eq!(
+                format!("{}/{RUNNER_SERVICE}/FetchTask", client.rpc_base()),
+                expected
+            );
+        }
+        // Not a URL at all: no parsed base, and the call reports the error itself.
+        let client = ForgeClient::new("not a url", None, Duration::from_secs(1)).expect("client");
+        assert!(client.method_url(RUNNER_SERVICE, "FetchTask").is_none());
+    }
 }
