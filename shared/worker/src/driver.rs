@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use crate::backend::{Backend, BackendError, ObservedWorkload, WorkloadSpec, workload_name};
 use crate::error::WorkerError;
 use crate::gate::{Outstanding, ToDriver};
+use crate::lanes::{Confirmed, Lanes, Step};
 use crate::ledger::Ledger;
 use crate::metrics::{ErrorLabels, WorkerMetrics};
 use crate::replicas::{RENEW_EVERY, Renewal, Replica, taken_over};
@@ -201,7 +202,8 @@ impl<B: Backend> Io<B> {
         true
     }
 
-    async fn publish(&self, event: &Event) -> bool {
+    /// Publishes `event`, retrying through outages until `stop`.
+    pub(crate) async fn publish(&self, event: &Event, stop: &CancellationToken) -> bool {
         if let Event::Created {
             key,
             warm: Some(warm),
@@ -221,8 +223,7 @@ impl<B: Backend> Io<B> {
         );
         jr_bus::follow(&span, self.traces.get(envelope.assignment_id).as_ref());
         let published = tracing::Instrument::instrument(
-            self.bus
-                .publish_retrying(&subject, &envelope, &self.shutdown),
+            self.bus.publish_retrying(&subject, &envelope, stop),
             span,
         )
         .await;
@@ -390,6 +391,10 @@ pub(crate) struct Driver<B> {
     replies: HashMap<DeliveryId, oneshot::Sender<Disposition>>,
     assignments: HashMap<DeliveryId, Assignment>,
     ops: JoinSet<Input>,
+    /// Where publishes and ledger writes wait for their acknowledgements, in order per workload.
+    lanes: Lanes,
+    /// Deliveries whose events a lane stored (or could not).
+    confirmed: mpsc::UnboundedReceiver<Confirmed>,
     /// This process's part in sharing the backend's capacity with other replicas.
     pub(crate) replica: Replica,
     /// Workloads other replicas manage (name → creator, and since when known), so a
@@ -420,7 +425,11 @@ impl<B: Backend> Driver<B> {
             capacity: 0,
             ..io.settings.state_config()
         });
+        let (confirmed_tx, confirmed) = mpsc::unbounded_channel();
+        let lanes = Lanes::start(&io, ledger.store().clone(), confirmed_tx);
         Self {
+            lanes,
+            confirmed,
             io,
             state,
             ledger,
@@ -679,6 +688,10 @@ impl<B: Backend> Driver<B> {
                         input
                     }
                 },
+                Some(done) = self.confirmed.recv() => {
+                    self.on_confirmed(done);
+                    continue;
+                }
                 _ = renew.tick() => {
                     self.renew().await;
                     continue;
@@ -729,6 +742,12 @@ impl<B: Backend> Driver<B> {
             };
             let _ = tokio::time::timeout(Duration::from_secs(5), drain).await;
             self.feed(Input::Capacity(0)).await;
+            // What the lanes hold is published before the holding goes, and the deliveries it
+            // confirms are acknowledged (a consumer still listening takes the answer).
+            self.lanes.drain(Duration::from_secs(5)).await;
+            while let Ok(done) = self.confirmed.try_recv() {
+                self.on_confirmed(done);
+            }
             self.replica.release().await;
         }
         self.lost
@@ -835,42 +854,43 @@ impl<B: Backend> Driver<B> {
                     }
                 });
             }
-            Effect::Publish(event) => {
-                self.io.publish(&event).await;
-            }
-            Effect::Confirm { delivery, events } => {
-                let mut published = true;
-                for event in &events {
-                    if !self.io.publish(event).await {
-                        published = false;
-                        break;
-                    }
-                }
-                if published
-                    && let Some(Event::Created { warm, .. }) = events.first()
-                    && let Some(assignment) = self.assignments.get(&delivery)
-                {
-                    let seconds = now_ms().saturating_sub(assignment.fetched_at) as f64 / 1000.0;
-                    if warm.is_some() {
-                        self.io.metrics.warm_bind_latency.observe(seconds);
-                    } else {
-                        self.io.metrics.dispatch_latency.observe(seconds);
-                    }
-                }
-                let disposition = if published {
-                    Disposition::Ack
-                } else {
-                    Disposition::Nak(Some(REPUBLISH_DELAY))
-                };
-                self.settle(delivery, disposition);
-            }
+            Effect::Publish(event) => self.lanes.publish(event).await,
+            Effect::Confirm { delivery, events } => self.lanes.confirm(delivery, events).await,
             Effect::Settle {
                 delivery,
                 disposition,
             } => self.settle(delivery, disposition),
-            Effect::Remember { key, workload } => self.ledger.remember(key, &workload).await,
-            Effect::Forget { key, workload } => self.ledger.forget(key, &workload).await,
+            Effect::Remember { key, workload } => {
+                if let Some(name) = self.ledger.remember_key(key, &workload) {
+                    self.lanes.push(&workload, Step::Remember(name)).await;
+                }
+            }
+            Effect::Forget { key, workload } => {
+                let names = self.ledger.forget_keys(key, &workload);
+                self.lanes.push(&workload, Step::Forget(names)).await;
+            }
         }
+    }
+
+    /// A lane stored a delivery's events (acknowledge it) or could not (send it back).
+    fn on_confirmed(&mut self, done: Confirmed) {
+        if done.published
+            && let Some(warm) = done.warm
+            && let Some(assignment) = self.assignments.get(&done.delivery)
+        {
+            let seconds = now_ms().saturating_sub(assignment.fetched_at) as f64 / 1000.0;
+            if warm {
+                self.io.metrics.warm_bind_latency.observe(seconds);
+            } else {
+                self.io.metrics.dispatch_latency.observe(seconds);
+            }
+        }
+        let disposition = if done.published {
+            Disposition::Ack
+        } else {
+            Disposition::Nak(Some(REPUBLISH_DELAY))
+        };
+        self.settle(done.delivery, disposition);
     }
 
     fn settle(&mut self, delivery: DeliveryId, disposition: Disposition) {

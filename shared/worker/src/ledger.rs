@@ -132,29 +132,27 @@ impl Ledger {
         }
     }
 
-    pub(crate) async fn remember(&mut self, key: AttemptKey, workload: &str) {
-        let Some(name) = ledger_key(Some(&self.me), key, workload) else {
+    /// The key that remembers `workload` (written by a publish lane); `None` when its name
+    /// cannot be a key.
+    pub(crate) fn remember_key(&self, key: AttemptKey, workload: &str) -> Option<String> {
+        let name = ledger_key(Some(&self.me), key, workload);
+        if name.is_none() {
             tracing::warn!(%workload, "workload name cannot be a ledger key; not remembered");
-            return;
-        };
-        if let Err(error) = self.store.put(&name, Default::default()).await {
-            tracing::warn!(%name, %error, "could not remember an announced workload");
         }
+        name
     }
 
-    pub(crate) async fn forget(&mut self, key: AttemptKey, workload: &str) {
+    /// The keys that may remember `workload` (this process's, and the one it was adopted
+    /// under), to be purged by a publish lane.
+    pub(crate) fn forget_keys(&mut self, key: AttemptKey, workload: &str) -> Vec<String> {
         let mut owners = vec![Some(self.me.clone())];
         if let Some(other) = self.owners.remove(workload) {
             owners.push(other);
         }
-        for owner in owners {
-            let Some(name) = ledger_key(owner.as_deref(), key, workload) else {
-                return;
-            };
-            if let Err(error) = self.store.purge(&name).await {
-                tracing::warn!(%name, %error, "could not forget a released workload");
-            }
-        }
+        owners
+            .iter()
+            .filter_map(|owner| ledger_key(owner.as_deref(), key, workload))
+            .collect()
     }
 }
 

@@ -9,6 +9,7 @@ mod error;
 mod facts;
 pub mod fair;
 mod gate;
+mod lanes;
 mod ledger;
 pub mod metrics;
 pub mod providers;

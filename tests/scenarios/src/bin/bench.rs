@@ -409,6 +409,7 @@ async fn scale_run(
     let wal_before = wal_lsn(&store).await?;
     let cpu_before = watched.ticks();
     let t0 = Instant::now();
+    let enqueued_ms = jr_protocol::now_ms();
     enqueue_spread(&system, pod_jobs, jobs - pod_jobs, args.job_ms);
     let (_, elapsed) = wait_done(&mut system, jobs as usize, t0).await?;
     let cpu = delta(&cpu_before, &watched.ticks());
@@ -431,7 +432,7 @@ async fn scale_run(
     let js = jetstream::new(bench_client(&system).await?);
     let (assignments, _) = measure::read_stream(&js, STREAM_ASSIGNMENTS).await?;
     let (events, _) = measure::read_stream(&js, STREAM_EVENTS).await?;
-    for backend in ["pod", "vm"] {
+    for (backend, capacity) in [("pod", pod_capacity), ("vm", vm_capacity)] {
         let of = |v: &[measure::Stored]| {
             v.iter()
                 .filter(|s| s.subject.split('.').nth(2) == Some(backend))
@@ -440,6 +441,7 @@ async fn scale_run(
         };
         let l = measure::lifecycle_latencies(&of(&assignments), &of(&events));
         print_latencies(&format!("{backend}:"), &l);
+        print_utilisation(&l, capacity, enqueued_ms);
     }
     let ticks = measure::clock_ticks() as f64;
     let mut infrastructure = 0.0;
@@ -485,6 +487,20 @@ async fn scale_run(
         rate,
         cpu_per_job: infrastructure,
     })
+}
+
+/// Slot utilisation of one backend at saturation: the slot time its jobs held (created →
+/// released) over its capacity times the window from enqueueing to the last release.
+fn print_utilisation(l: &measure::LifecycleLatencies, capacity: usize, enqueued_ms: u64) {
+    let window_s = l
+        .last_released_at
+        .map_or(f64::NAN, |r| r.saturating_sub(enqueued_ms) as f64 / 1000.0);
+    let held_s: f64 = l.created_to_released.iter().sum::<f64>() / 1000.0;
+    println!(
+        "    {:<42} {:>10.0} %   (Σ slot hold {held_s:.1} s / ({capacity} slots × {window_s:.1} s))",
+        "slot utilisation at saturation",
+        100.0 * held_s / (capacity.max(1) as f64 * window_s)
+    );
 }
 
 /// Messages stored in the three streams and in the workers' workload ledgers since they were
@@ -933,17 +949,12 @@ async fn end_to_end(
         let window_s = l
             .last_released_at
             .map_or(f64::NAN, |r| r.saturating_sub(enqueued_ms) as f64 / 1000.0);
-        let held_s: f64 = l.created_to_released.iter().sum::<f64>() / 1000.0;
         println!(
             "    {:<42} {:>10.1} jobs/s   ({jobs} jobs, enqueue → last released {window_s:.1} s)",
             "lifecycles/s of this backend",
             jobs as f64 / window_s
         );
-        println!(
-            "    {:<42} {:>10.0} %   (Σ slot hold {held_s:.1} s / ({capacity} slots × {window_s:.1} s))",
-            "slot utilisation in that window",
-            100.0 * held_s / (capacity.max(1) as f64 * window_s)
-        );
+        print_utilisation(&l, capacity, enqueued_ms);
     }
     let unloaded =
         measure::lifecycle_latencies(&pick(&assignments, true, None), &pick(&events, true, None));
