@@ -149,16 +149,23 @@ impl NatsCluster {
 
     /// `/jsz` with account, stream and consumer details from every node that answers.
     fn jsz_all(&self) -> Vec<serde_json::Value> {
+        self.jsz_by_node().into_iter().map(|(_, jsz)| jsz).collect()
+    }
+
+    /// `/jsz` of every running node that answers, with the node's index.
+    fn jsz_by_node(&self) -> Vec<(usize, serde_json::Value)> {
         self.nodes
             .iter()
-            .filter(|n| n.child.is_some() && !n.paused)
-            .filter_map(|n| {
+            .enumerate()
+            .filter(|(_, n)| n.child.is_some() && !n.paused)
+            .filter_map(|(i, n)| {
                 http_get(
                     n.monitor_port,
                     "/jsz?accounts=true&streams=true&consumers=true",
                 )
+                .map(|body| (i, body))
             })
-            .filter_map(|body| serde_json::from_str(&body).ok())
+            .filter_map(|(i, body)| serde_json::from_str(&body).ok().map(|jsz| (i, jsz)))
             .collect()
     }
 
@@ -197,21 +204,22 @@ impl NatsCluster {
         })
     }
 
-    /// Every raft group as each running node reports it: its name (`meta`, `stream <name>` —
-    /// KV buckets are streams `KV_<bucket>` — and `consumer <stream>/<name>`) and that node's
-    /// cluster info for it (`leader`, `replicas`).
-    fn raft_groups(&self) -> Vec<(String, serde_json::Value)> {
+    /// Every raft group as each running node reports it: the reporting node, the group's name
+    /// (`meta`, `stream <name>` — KV buckets are streams `KV_<bucket>` — and
+    /// `consumer <stream>/<name>`) and that node's cluster info for it (`leader`, `replicas`).
+    fn raft_groups(&self) -> Vec<(usize, String, serde_json::Value)> {
         let mut groups = Vec::new();
-        for jsz in self.jsz_all() {
-            groups.push(("meta".to_owned(), jsz["meta_cluster"].clone()));
+        for (node, jsz) in self.jsz_by_node() {
+            groups.push((node, "meta".to_owned(), jsz["meta_cluster"].clone()));
             for stream in streams(&jsz) {
                 let Some(name) = stream["name"].as_str() else {
                     continue;
                 };
-                groups.push((format!("stream {name}"), stream["cluster"].clone()));
+                groups.push((node, format!("stream {name}"), stream["cluster"].clone()));
                 for consumer in stream["consumer_detail"].as_array().into_iter().flatten() {
                     if let Some(durable) = consumer["name"].as_str() {
                         groups.push((
+                            node,
                             format!("consumer {name}/{durable}"),
                             consumer["cluster"].clone(),
                         ));
@@ -225,16 +233,16 @@ impl NatsCluster {
     /// Every raft group's leader (see [`Self::raft_groups`]), mapped to the set of nodes named
     /// as its leader (empty where no answering node knows one).
     pub fn raft_leaders(&self) -> BTreeMap<String, BTreeSet<usize>> {
-        self.leaders_of(self.raft_groups())
+        self.leaders_of(&self.raft_groups())
     }
 
     fn leaders_of(
         &self,
-        groups: Vec<(String, serde_json::Value)>,
+        groups: &[(usize, String, serde_json::Value)],
     ) -> BTreeMap<String, BTreeSet<usize>> {
         let mut leaders: BTreeMap<String, BTreeSet<usize>> = BTreeMap::new();
-        for (group, cluster) in groups {
-            let entry = leaders.entry(group).or_default();
+        for (_, group, cluster) in groups {
+            let entry = leaders.entry(group.clone()).or_default();
             if let Some(node) = cluster["leader"].as_str().and_then(|n| self.index_of(n)) {
                 entry.insert(node);
             }
@@ -250,36 +258,42 @@ impl NatsCluster {
         let groups = self.raft_groups();
         let replicated: BTreeSet<String> = groups
             .iter()
-            .filter(|(group, cluster)| {
+            .filter(|(_, group, cluster)| {
                 group == "meta"
                     || cluster["replicas"]
                         .as_array()
                         .is_some_and(|replicas| !replicas.is_empty())
             })
-            .map(|(group, _)| group.clone())
+            .map(|(_, group, _)| group.clone())
             .collect();
-        self.leaders_of(groups)
+        self.leaders_of(&groups)
             .into_iter()
             .filter(|(group, leaders)| leaders.contains(&node) && replicated.contains(group))
             .map(|(group, _)| group)
             .collect()
     }
 
-    /// Whether every group of `groups` has a leader other than `old` that the answering nodes
-    /// agree on: none of them still names `old`, and at least one names a leader.
+    /// Whether every group of `groups` has a new leader: a running node other than `old` that
+    /// names itself the group's leader.
     pub fn all_led_elsewhere(&self, groups: &BTreeSet<String>, old: usize) -> bool {
         self.not_led_elsewhere(groups, old).is_empty()
     }
 
-    /// The groups of `groups` that do not have such a leader yet.
+    /// The groups of `groups` that do not have such a leader yet. Only a leader's own word
+    /// counts: a follower that has not heard from the new leader yet still names the old one
+    /// (seen for a minute on a node restarted by an earlier fault, while the cluster served).
     pub fn not_led_elsewhere(&self, groups: &BTreeSet<String>, old: usize) -> Vec<String> {
-        let now = self.raft_leaders();
+        let mut self_led: BTreeSet<String> = BTreeSet::new();
+        for (node, group, cluster) in self.raft_groups() {
+            if node != old
+                && cluster["leader"].as_str().and_then(|n| self.index_of(n)) == Some(node)
+            {
+                self_led.insert(group);
+            }
+        }
         groups
             .iter()
-            .filter(|group| {
-                !now.get(*group)
-                    .is_some_and(|leaders| !leaders.is_empty() && !leaders.contains(&old))
-            })
+            .filter(|group| !self_led.contains(*group))
             .cloned()
             .collect()
     }

@@ -363,7 +363,7 @@ async fn scale_runs(args: &Args) -> anyhow::Result<()> {
         compare("backlog run vs [6]", &backlog);
     }
     if args.r3_jobs > 0 {
-        let r3 = scale_run(args, "[6c] R3", args.r3_jobs, true, false).await?;
+        let r3 = scale_run(args, "[6c] R3", args.r3_jobs, true, true).await?;
         compare("R3 on three nodes vs [6] on one", &r3);
     }
     Ok(())
@@ -480,6 +480,7 @@ async fn scale_run(
             per_job((stream_msgs + ledger_msgs) as f64),
             per_job(rows as f64),
             infrastructure,
+            if cluster { 3 } else { 1 },
         )
         .await?;
     }
@@ -566,10 +567,18 @@ async fn physical_floor(
     messages_per_job: f64,
     rows_per_job: f64,
     measured: f64,
+    replicas: usize,
 ) -> anyhow::Result<()> {
-    println!("  physical floor on the same servers:");
+    println!(
+        "  physical floor on the same servers{}:",
+        if replicas > 1 {
+            " (the scratch stream R3 like jetrunner's)"
+        } else {
+            ""
+        }
+    );
     let js = jetstream::new(bench_client(system).await?);
-    scratch_stream(&js, "BENCH_FLOOR", "bench_floor.>").await?;
+    scratch_stream(&js, "BENCH_FLOOR", "bench_floor.>", replicas).await?;
     let before = watched.ticks();
     let took = raw_publish_sequential(&js, "bench_floor", args.publish_messages).await?;
     let after = watched.ticks();
@@ -1060,9 +1069,9 @@ async fn host_class(count: usize) -> anyhow::Result<f64> {
     let server = jr_bus::testing::NatsServer::start().await?;
     let js = jetstream::new(async_nats::connect(server.url()).await?);
     // A short warm-up first (the first publishes open the store's files).
-    scratch_stream(&js, "BENCH_WARM", "bench_warm.>").await?;
+    scratch_stream(&js, "BENCH_WARM", "bench_warm.>", 1).await?;
     raw_publish_sequential(&js, "bench_warm", count / 10).await?;
-    scratch_stream(&js, "BENCH_HOST", "bench_host.>").await?;
+    scratch_stream(&js, "BENCH_HOST", "bench_host.>", 1).await?;
     let took = raw_publish_sequential(&js, "bench_host", count).await?;
     #[expect(clippy::cast_precision_loss, reason = "message counts")]
     let rate = count as f64 / took.as_secs_f64().max(1e-9);
@@ -1084,11 +1093,11 @@ async fn host_class(count: usize) -> anyhow::Result<f64> {
 /// Raw JetStream publish + PubAck with a Nats-Msg-Id, sequential and 64 in flight.
 async fn raw_publish(system: &System, count: usize) -> anyhow::Result<(f64, f64)> {
     let js = jetstream::new(bench_client(system).await?);
-    scratch_stream(&js, "BENCH_SEQ", "bench_seq.>").await?;
+    scratch_stream(&js, "BENCH_SEQ", "bench_seq.>", 1).await?;
     let took = raw_publish_sequential(&js, "bench_seq", count).await?;
     js.delete_stream("BENCH_SEQ").await?;
     let seq = rate_line("raw JetStream publish+ack, sequential", count, took, "msgs");
-    scratch_stream(&js, "BENCH_RAW", "bench.raw.>").await?;
+    scratch_stream(&js, "BENCH_RAW", "bench.raw.>", 1).await?;
     let payload = bytes_of(300);
     let message = |i: usize| {
         async_nats::jetstream::message::PublishMessage::build()
@@ -1123,11 +1132,17 @@ async fn raw_publish(system: &System, count: usize) -> anyhow::Result<(f64, f64)
 }
 
 /// A scratch stream like jetrunner's (file storage, 2 min dedupe window).
-async fn scratch_stream(js: &jetstream::Context, name: &str, subjects: &str) -> anyhow::Result<()> {
+async fn scratch_stream(
+    js: &jetstream::Context,
+    name: &str,
+    subjects: &str,
+    replicas: usize,
+) -> anyhow::Result<()> {
     js.create_stream(stream::Config {
         name: name.to_owned(),
         subjects: vec![subjects.to_owned()],
         storage: stream::StorageType::File,
+        num_replicas: replicas,
         duplicate_window: Duration::from_secs(120),
         ..Default::default()
     })
