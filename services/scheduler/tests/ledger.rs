@@ -247,3 +247,51 @@ async fn a_claimed_assignment_is_not_read_again_within_the_recheck_window() {
     let v = ledger.lookup(here).await.expect("lookup").expect("known");
     assert_eq!((v.claimed, v.terminal), (true, true));
 }
+
+/// A checked assignment is remembered so the same message is not opened twice; a message that
+/// reuses its id with any byte changed is checked again, and a forgery never hides the genuine
+/// attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_reusing_a_checked_assignments_id_is_checked_again() {
+    let world = World::start().await;
+    let sealer = Arc::new(jr_scheduler::service::sealer_from_config(&world.config).expect("key"));
+    let ledger = JetStreamLedger::new(
+        world.bus.clone(),
+        vec![pod()],
+        Arc::new(Unclaimed::new(Duration::from_secs(180))),
+        sealer.clone(),
+    );
+    let id = AssignmentId::for_task("https://forge.test", 61);
+    let subject = subject::assignment(&pod(), id);
+    let genuine = sealed_assignment(id, 1, 61, &sealer);
+    world
+        .bus
+        .publish(&subject, &genuine)
+        .await
+        .expect("publish");
+    for _ in 0..2 {
+        let view = ledger.identify(id).await.expect("identify").expect("known");
+        assert_eq!(view.attempt, 1);
+    }
+
+    // The same assignment again as attempt 2, one ciphertext byte flipped: the seal does not
+    // open, so the lookup goes on to the genuine attempt 1.
+    let mut forged = genuine.clone();
+    forged.id = format!("assignment:{id}:2:forged");
+    forged.attempt = 2;
+    let Message::Assignment(a) = &mut forged.message else {
+        unreachable!("an assignment")
+    };
+    a.sealed_task.ciphertext[0] ^= 1;
+    world.bus.publish(&subject, &forged).await.expect("publish");
+    let view = ledger.lookup(id).await.expect("lookup").expect("known");
+    assert_eq!(view.attempt, 1, "the forgery was taken for the scheduler's");
+
+    // A genuine attempt 2 (the seal opens) is taken.
+    let mut second = genuine.clone();
+    second.id = format!("assignment:{id}:2:genuine");
+    second.attempt = 2;
+    world.bus.publish(&subject, &second).await.expect("publish");
+    let view = ledger.lookup(id).await.expect("lookup").expect("known");
+    assert_eq!(view.attempt, 2);
+}

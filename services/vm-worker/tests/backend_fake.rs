@@ -680,3 +680,51 @@ async fn sandboxes_with_the_legacy_keys_are_listed_adopted_observed_and_deleted(
     assert_eq!(legacy_list_requests(&fake), asked);
     observer.shutdown().await;
 }
+
+/// Deletes wake the poller early, but wakes within `woken_gap` of the last poll are served by
+/// one list: ten deletes in a row cost at most two lists, not one each, and the change they
+/// make is still seen without waiting for the (here one minute) steady interval.
+#[tokio::test]
+async fn wakes_within_the_gap_are_served_by_one_list() {
+    const SANDBOXES: usize = 10;
+    let fake = FakeSandbox::start(fake_config(SANDBOXES))
+        .await
+        .expect("fake");
+    let backend = backend_with(&fake, Duration::from_secs(10), |config| {
+        config.poll = PollConfig {
+            active: Duration::from_secs(60),
+            steady: Duration::from_secs(60),
+            max_backoff: Duration::from_secs(60),
+            woken_gap: Duration::from_secs(2),
+            ..PollConfig::default()
+        };
+    });
+    let mut ids = Vec::new();
+    for _ in 0..SANDBOXES {
+        ids.push(backend.create(&spec()).await.expect("create"));
+    }
+    let before_observer = fake.list_requests().len();
+    let mut observer = Observer::start(&backend);
+    let mut seen = Vec::new();
+    observe_until(&mut observer.rx, &mut seen, |o| {
+        o.workload == ids[SANDBOXES - 1] && o.phase == WorkloadPhase::Running
+    })
+    .await;
+    let first = fake.list_requests().len();
+    assert!(first > before_observer, "the observer listed");
+    for id in &ids {
+        backend.delete(id).await.expect("delete");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let during = fake.list_requests().len() - first;
+    assert!(
+        during <= 2,
+        "{during} lists for {SANDBOXES} deletes within the gap"
+    );
+    // The wakes are not lost: the deletes are seen long before the steady interval.
+    observe_until(&mut observer.rx, &mut seen, |o| {
+        o.workload == ids[SANDBOXES - 1] && o.phase != WorkloadPhase::Running
+    })
+    .await;
+    observer.shutdown().await;
+}

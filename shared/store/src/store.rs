@@ -318,7 +318,7 @@ impl Store {
         );
         Ok(Applied {
             stats,
-            records: folded.changed,
+            records: folded.into_changed(),
         })
     }
 
@@ -349,12 +349,10 @@ impl Store {
                 .await
                 .map_err(q("savepoint"))?;
             match fold_and_write(&mut savepoint, &[(item.seq, envelope)], None).await {
-                Ok(Folded {
-                    changed: records, ..
-                }) => {
+                Ok(folded) => {
                     savepoint.commit().await.map_err(q("release savepoint"))?;
                     touched.insert(envelope.assignment_id);
-                    changed.extend(records.into_iter().map(|r| (r.id, r)));
+                    changed.extend(folded.into_changed().into_iter().map(|r| (r.id, r)));
                     stats.applied += 1;
                 }
                 Err(e) if e.is_data_error() => {
@@ -699,12 +697,22 @@ async fn quarantine(
 struct Folded {
     /// Records with a changed row.
     touched: usize,
-    /// The changed records, sorted by id.
-    changed: Vec<AssignmentRecord>,
+    /// The ids of the changed records, sorted.
+    changed: Vec<AssignmentId>,
     /// Every record of the batch as it is now.
     after: BTreeMap<AssignmentId, AssignmentRecord>,
     /// Records read from the database.
     loaded: usize,
+}
+
+impl Folded {
+    /// The changed records, sorted by id (moved out of `after`).
+    fn into_changed(mut self) -> Vec<AssignmentRecord> {
+        self.changed
+            .iter()
+            .filter_map(|id| self.after.remove(id))
+            .collect()
+    }
 }
 
 /// Folds `items` into their records (from `cache` where it holds them, else loaded from the
@@ -764,14 +772,14 @@ async fn fold_and_write(
         changed.push_changed(before.get(id), record);
     }
     write_rows(&mut *conn, &changed).await?;
-    let records = after
+    let ids = after
         .iter()
         .filter(|(id, record)| before.get(id) != Some(*record))
-        .map(|(_, record)| record.clone())
+        .map(|(id, _)| *id)
         .collect();
     Ok(Folded {
         touched: changed.assignments.len(),
-        changed: records,
+        changed: ids,
         after,
         loaded,
     })

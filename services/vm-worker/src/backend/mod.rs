@@ -84,6 +84,10 @@ pub struct PollConfig {
     pub unreachable_after: u32,
     /// Renew the expiry when it is this close and earlier than the sandbox's deadline.
     pub renew_ahead: Duration,
+    /// Minimum time between the start of one poll and a poll woken early by a create or a
+    /// delete. Every create and delete wakes the poller; at saturation that is hundreds of
+    /// wakes a second, and without a gap the poller would list back to back.
+    pub woken_gap: Duration,
     /// Minimum time between two renewals of one sandbox (the server may cap expiries).
     pub renew_every: Duration,
 }
@@ -97,6 +101,7 @@ impl Default for PollConfig {
             unreachable_after: 3,
             renew_ahead: Duration::from_secs(600),
             renew_every: Duration::from_secs(60),
+            woken_gap: Duration::from_millis(50),
         }
     }
 }

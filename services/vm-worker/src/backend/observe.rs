@@ -27,6 +27,7 @@ pub(super) async fn run(
     };
     tokio::pin!(shutdown);
     loop {
+        let started = tokio::time::Instant::now();
         let interval = tokio::select! {
             () = &mut shutdown => return,
             result = poller.poll_once(&tx) => match result {
@@ -34,10 +35,18 @@ pub(super) async fn run(
                 Err(Closed) => return,
             },
         };
-        tokio::select! {
+        let woken = tokio::select! {
             () = &mut shutdown => return,
-            () = backend.inner.wake.notified() => {}
-            () = tokio::time::sleep(interval) => {}
+            () = backend.inner.wake.notified() => true,
+            () = tokio::time::sleep(interval) => false,
+        };
+        // Wakes that arrive within the gap are served by one poll at its end.
+        let earliest = started + backend.inner.config.poll.woken_gap;
+        if woken && tokio::time::Instant::now() < earliest {
+            tokio::select! {
+                () = &mut shutdown => return,
+                () = tokio::time::sleep_until(earliest) => {}
+            }
         }
     }
 }
