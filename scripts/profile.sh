@@ -8,7 +8,8 @@
 #   scripts/profile.sh --r3         # [6c], a three-node cluster with every stream R3
 #
 # Environment: JOBS (default 6000, so the saturated phase outlasts the recording), SECONDS_REC
-# (default 12), OUT (default $CARGO_TARGET_DIR/profile), TOP (symbols printed per service, 25).
+# (default 12), OUT (default $CARGO_TARGET_DIR/profile), TOP (symbols printed per service, 25),
+# JR_BIN_DIR (profile the release binaries in that folder instead of building this checkout).
 # Needs `perf` (Debian: linux-perf) and permission to attach to processes of the same user.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,8 +26,13 @@ mode=r1
 [[ "${1:-}" == "--r3" ]] && mode=r3
 command -v perf >/dev/null || { echo "perf is not installed (Debian: apt-get install linux-perf)" >&2; exit 1; }
 mkdir -p "$out"
-cargo build --release --workspace --bins
-bin="$target/release"
+# JR_BIN_DIR profiles the binaries of another build (bench and the services side by side).
+if [[ -n "${JR_BIN_DIR:-}" ]]; then
+    bin="$JR_BIN_DIR"
+else
+    cargo build --release --workspace --bins
+    bin="$target/release"
+fi
 
 if [[ "$mode" == r3 ]]; then
     run=(--scale-jobs 1 --r3-jobs "$jobs")
@@ -71,7 +77,7 @@ for svc in scheduler pod-worker vm-worker reconciler; do
     perf script -i "$out/$svc-$mode.data" -F period,ip,sym 2>/dev/null | python3 scripts/perf_summary.py
     echo "-- top $top symbols by self time"
     perf report -i "$out/$svc-$mode.data" --no-children --sort symbol --stdio -g none \
-        --percent-limit 0.5 2>/dev/null | grep -E '^ +[0-9]' | sed 's/ *$//' | head -n "$top"
+        --percent-limit 0.5 2>/dev/null | grep -E '^ +[0-9]' | sed -E 's/( +-)+ *$//' | head -n "$top"
 done
 echo
 echo "perf data and the bench's output are in $out (perf report -i <file> for call graphs)"

@@ -11,7 +11,7 @@ use jr_bus::async_nats::jetstream::kv;
 use jr_bus::warm::WarmBinding;
 use jr_bus::{Bus, PublishOnce};
 use jr_protocol::{
-    Assignment, AssignmentId, BackendName, Claimed, Envelope, ExecutorFinished, Kind, Message,
+    AssignmentId, BackendName, Claimed, Envelope, ExecutorFinished, Kind, Message,
     STREAM_ASSIGNMENTS, STREAM_EVENTS, Terminal, subject,
 };
 
@@ -41,9 +41,6 @@ struct Sticky {
 /// heartbeat or two a second) then cost one read a second instead of one each.
 pub const TERMINAL_RECHECK: Duration = Duration::from_secs(1);
 
-/// Most assignments [`JetStreamLedger`] remembers as checked (see its `verified`).
-const VERIFIED_BOUND: usize = 4096;
-
 pub struct JetStreamLedger {
     bus: Bus,
     backends: Vec<BackendName>,
@@ -52,11 +49,6 @@ pub struct JetStreamLedger {
     /// Tells the scheduler's own assignments from anything else stored on their subjects.
     sealer: Arc<Sealer>,
     sticky: Mutex<HashMap<AssignmentId, Sticky>>,
-    /// The last assignment of each id whose seal opened. An executor's first calls (Declare,
-    /// then FetchTask) read the same message; one equal in every field to a message already
-    /// checked is the scheduler's without opening its seal again. Anything that differs in any
-    /// byte (a forgery reusing the id, a later attempt) is checked in full.
-    verified: Mutex<HashMap<AssignmentId, Assignment>>,
     /// Whether views carry the token hash workers publish (a facade without token keys checks
     /// tokens against it). A facade with the keys skips those reads.
     token_hashes: bool,
@@ -81,7 +73,6 @@ impl JetStreamLedger {
             unclaimed,
             sealer,
             sticky: Mutex::new(HashMap::new()),
-            verified: Mutex::new(HashMap::new()),
             token_hashes: true,
             warm_buckets: tokio::sync::Mutex::new(HashMap::new()),
             warm_bound: Mutex::new(HashMap::new()),
@@ -124,32 +115,6 @@ impl JetStreamLedger {
         }
     }
 
-    /// Whether `envelope` is an assignment the scheduler sealed ([`jr_intake::ours::sealed_by`]),
-    /// answered from [`Self::verified`] when the same message was checked before.
-    fn ours(&self, envelope: &Envelope) -> bool {
-        let Message::Assignment(assignment) = &envelope.message else {
-            return false;
-        };
-        let seen = self.verified.lock().ok().is_some_and(|m| {
-            m.get(&envelope.assignment_id)
-                .is_some_and(|known| known == assignment)
-        });
-        if seen {
-            return true;
-        }
-        if jr_intake::ours::sealed_by(&self.sealer, envelope).is_err() {
-            return false;
-        }
-        if let Ok(mut m) = self.verified.lock() {
-            // Only the few calls before a claim need it; a bound keeps it small.
-            if m.len() >= VERIFIED_BOUND {
-                m.clear();
-            }
-            m.insert(envelope.assignment_id, assignment.clone());
-        }
-        true
-    }
-
     async fn last(&self, stream: &str, subject: &str) -> Result<Option<Envelope>, LedgerError> {
         self.bus
             .last_on_subject(stream, subject)
@@ -169,7 +134,9 @@ impl JetStreamLedger {
         let subject = subject::assignment(backend, id);
         match self.bus.last_on_subject(STREAM_ASSIGNMENTS, &subject).await {
             Ok(None) => return Ok(None),
-            Ok(Some((_, e))) if self.ours(&e) => return Ok(Some(e)),
+            Ok(Some((_, e))) if jr_intake::ours::sealed_by(&self.sealer, &e).is_ok() => {
+                return Ok(Some(e));
+            }
             Ok(Some(_)) | Err(jr_bus::BusError::DecodeLast { .. }) => {
                 tracing::warn!(assignment = %id, %subject, "the last message on the assignment subject is not the scheduler's; reading its history");
             }
@@ -178,7 +145,10 @@ impl JetStreamLedger {
         let history = jr_intake::ours::history(&self.bus, &subject)
             .await
             .map_err(|e| LedgerError::unavailable(e.to_string()))?;
-        Ok(history.into_iter().rev().find(|e| self.ours(e)))
+        Ok(history
+            .into_iter()
+            .rev()
+            .find(|e| jr_intake::ours::sealed_by(&self.sealer, e).is_ok()))
     }
 
     async fn exists(

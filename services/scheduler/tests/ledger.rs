@@ -248,9 +248,9 @@ async fn a_claimed_assignment_is_not_read_again_within_the_recheck_window() {
     assert_eq!((v.claimed, v.terminal), (true, true));
 }
 
-/// A checked assignment is remembered so the same message is not opened twice; a message that
-/// reuses its id with any byte changed is checked again, and a forgery never hides the genuine
-/// attempt.
+/// After a genuine assignment was read, a message that reuses its id with one byte changed is
+/// checked again: the forgery never replaces the genuine attempt, and a later genuine attempt
+/// is taken.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_reusing_a_checked_assignments_id_is_checked_again() {
     let world = World::start().await;
