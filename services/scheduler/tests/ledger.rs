@@ -20,6 +20,16 @@ fn pod() -> BackendName {
     BackendName::new("pod").expect("name")
 }
 
+/// A ledger of the one backend `pod` on `world`'s bus.
+fn pod_ledger(world: &World, sealer: &Arc<jr_seal::Sealer>) -> JetStreamLedger {
+    JetStreamLedger::new(
+        world.bus.clone(),
+        vec![pod()],
+        Arc::new(Unclaimed::new(Duration::from_secs(180))),
+        sealer.clone(),
+    )
+}
+
 fn created(id: AssignmentId, attempt: u32, token: &str) -> Envelope {
     Envelope::new(
         format!("workload-created:{id}:{attempt}"),
@@ -41,15 +51,7 @@ async fn a_claimed_attempts_view_is_settled_and_only_terminal_is_read_again() {
     let world = World::start().await;
     let sealer = Arc::new(jr_scheduler::service::sealer_from_config(&world.config).expect("key"));
     // Reading `terminal` at every call, so a terminal published elsewhere shows at once.
-    let ledger = || {
-        JetStreamLedger::new(
-            world.bus.clone(),
-            vec![pod()],
-            Arc::new(Unclaimed::new(Duration::from_secs(180))),
-            sealer.clone(),
-        )
-        .terminal_recheck(Duration::ZERO)
-    };
+    let ledger = || pod_ledger(&world, &sealer).terminal_recheck(Duration::ZERO);
     let (publisher, reader) = (ledger(), ledger());
     let id = AssignmentId::for_task("https://forge.test", 41);
     let publish = |subject: String, envelope: Envelope| {
@@ -143,13 +145,7 @@ async fn a_claimed_attempts_view_is_settled_and_only_terminal_is_read_again() {
 async fn a_claimed_assignment_is_not_read_again_within_the_recheck_window() {
     let world = World::start().await;
     let sealer = Arc::new(jr_scheduler::service::sealer_from_config(&world.config).expect("key"));
-    let ledger = JetStreamLedger::new(
-        world.bus.clone(),
-        vec![pod()],
-        Arc::new(Unclaimed::new(Duration::from_secs(180))),
-        sealer.clone(),
-    )
-    .terminal_recheck(Duration::from_secs(3600));
+    let ledger = pod_ledger(&world, &sealer).terminal_recheck(Duration::from_secs(3600));
     let publish = |subject: String, envelope: Envelope| {
         let bus = world.bus.clone();
         async move { bus.publish(&subject, &envelope).await.expect("publish") }
@@ -211,12 +207,7 @@ async fn a_claimed_assignment_is_not_read_again_within_the_recheck_window() {
 
     // Identifying the executor (Declare) reads neither `claimed` nor `terminal`; a lookup
     // does. A fresh ledger knows nothing of either.
-    let fresh = JetStreamLedger::new(
-        world.bus.clone(),
-        vec![pod()],
-        Arc::new(Unclaimed::new(Duration::from_secs(180))),
-        sealer.clone(),
-    );
+    let fresh = pod_ledger(&world, &sealer);
     let who = fresh
         .identify(elsewhere)
         .await
@@ -252,15 +243,10 @@ async fn a_claimed_assignment_is_not_read_again_within_the_recheck_window() {
 /// checked again: the forgery never replaces the genuine attempt, and a later genuine attempt
 /// is taken.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_message_reusing_a_checked_assignments_id_is_checked_again() {
+async fn a_forgery_reusing_a_genuine_assignments_id_never_replaces_it() {
     let world = World::start().await;
     let sealer = Arc::new(jr_scheduler::service::sealer_from_config(&world.config).expect("key"));
-    let ledger = JetStreamLedger::new(
-        world.bus.clone(),
-        vec![pod()],
-        Arc::new(Unclaimed::new(Duration::from_secs(180))),
-        sealer.clone(),
-    );
+    let ledger = pod_ledger(&world, &sealer);
     let id = AssignmentId::for_task("https://forge.test", 61);
     let subject = subject::assignment(&pod(), id);
     let genuine = sealed_assignment(id, 1, 61, &sealer);
